@@ -1,0 +1,151 @@
+"""The ``korch`` command line: inspect, fission and zoo.
+
+Every problem with the user's input ends the run with one line on stderr and
+exit status 2 (``KorchError``); warnings (opaque operators) print as one line
+each and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+
+from korch.errors import KorchError
+
+
+def _input_shapes(specs: Sequence[str] | None) -> dict[str, tuple[int, ...]]:
+    from korch.frontend import parse_input_shape
+
+    return dict(parse_input_shape(s) for s in specs or ())
+
+
+def _load(args):
+    import onnx
+
+    from korch.summary import load_model, resolve_model
+
+    source = resolve_model(args.model)
+    imported, graph, report = load_model(source, _input_shapes(args.input_shape))
+    if not isinstance(source, onnx.ModelProto):
+        source = onnx.load(str(source), load_external_data=False)
+    graph.name = str(args.model).removeprefix("zoo:").rsplit("/", 1)[-1].removesuffix(".onnx")
+    return source, imported, graph, report
+
+
+def cmd_inspect(args) -> int:
+    from korch.summary import summarize
+
+    summary = summarize(*_load(args))
+    if args.json:
+        print(json.dumps(summary.to_json(), indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{summary.name}[/bold]  opset {summary.opset}  inputs {summary.inputs}  "
+                  f"outputs {summary.outputs}")
+    console.print(f"ONNX nodes {summary.onnx_nodes}  ->  primitive nodes {summary.primitive_nodes}  "
+                  f"({', '.join(f'{k} {v}' for k, v in summary.primitive_kinds.items())})")
+    console.print(f"parameters {summary.parameter_bytes / 2**20:.2f} MiB  FLOPs {summary.flops / 1e9:.3f} G")
+    for title, histogram in (("ONNX operators", summary.operator_histogram),
+                             ("primitives after fission", summary.primitive_histogram)):
+        table = Table(title=title, title_justify="left")
+        table.add_column("op")
+        table.add_column("count", justify="right")
+        for op, count in histogram.items():
+            table.add_row(op, str(count))
+        console.print(table)
+    if summary.opaque_operators:
+        console.print("[yellow]opaque operators[/yellow]: " + "; ".join(
+            f"{op} {why}" for op, why in summary.opaque_operators.items()))
+    else:
+        console.print("opaque operators: none")
+    return 0
+
+
+def cmd_fission(args) -> int:
+    import onnx
+
+    from korch.fsutil import atomic_write_bytes
+    from korch.ir.serialize import save
+    from korch.ir.to_onnx import to_onnx
+
+    _, _, graph, _ = _load(args)
+    model = to_onnx(graph)
+    onnx.checker.check_model(model)
+    atomic_write_bytes(args.output, model.SerializeToString())
+    if args.ir:
+        save(graph, args.ir)
+    print(f"wrote {args.output}: {len(graph.nodes)} primitive nodes ({graph.op_histogram()})")
+    return 0
+
+
+def cmd_zoo(args) -> int:
+    from korch import zoo
+
+    if args.zoo_command == "list":
+        for m in zoo.list_models():
+            shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in m.input_shapes.items())
+            print(f"{m.name:14} {shapes:28} {m.description}")
+        return 0
+    path = zoo.export(args.name, args.output)
+    print(f"wrote {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from korch import __version__
+
+    parser = argparse.ArgumentParser(prog="korch", description="Optimal kernel orchestration for tensor programs.")
+    parser.add_argument("--version", action="version", version=f"korch {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def model_args(p):
+        p.add_argument("model", help="an ONNX file, or zoo:NAME for a bundled model")
+        p.add_argument("--input-shape", action="append", metavar="NAME=1x3x224x224",
+                       help="static shape for a graph input with symbolic dimensions (repeatable)")
+
+    p = sub.add_parser("inspect", help="operator and primitive histograms, opaque operators, bytes and FLOPs")
+    model_args(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.set_defaults(run=cmd_inspect)
+
+    p = sub.add_parser("fission", help="write the primitive graph as an ONNX model")
+    model_args(p)
+    p.add_argument("output", help="where to write the primitive graph (.onnx)")
+    p.add_argument("--ir", metavar="OUT.json", help="also write korch's JSON form of the graph")
+    p.set_defaults(run=cmd_fission)
+
+    p = sub.add_parser("zoo", help="the bundled benchmark models")
+    zsub = p.add_subparsers(dest="zoo_command", required=True)
+    zsub.add_parser("list", help="list the models")
+    e = zsub.add_parser("export", help="export a model to ONNX")
+    e.add_argument("name")
+    e.add_argument("output")
+    p.set_defaults(run=cmd_zoo)
+    return parser
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"korch: warning: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    warnings.showwarning = _one_line_warning
+    try:
+        return args.run(args)
+    except KorchError as exc:
+        print(f"korch: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("korch: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""korch's configuration: every tunable value in one place.
+
+Each value is typed, commented, and takes its default from a ``KORCH_*``
+environment variable where one is named. Stages read ``config.X``; they never
+read ``os.environ`` themselves. Tests change values with ``patch``::
+
+    with config.patch(cache_dir=tmp_path):
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterator
+
+
+def _env_path(name: str, default: Path) -> Path:
+    value = os.environ.get(name)
+    return Path(value).expanduser() if value else default
+
+
+# Where korch keeps what it can rebuild: exported zoo models, profiles.
+cache_dir: Path = _env_path(
+    "KORCH_CACHE_DIR",
+    _env_path("XDG_CACHE_HOME", Path.home() / ".cache") / "korch",
+)
+
+# ONNX opset of the primitive graphs korch writes (19: AveragePool dilations, Pad wrap).
+export_opset: int = int(os.environ.get("KORCH_EXPORT_OPSET", "19"))
+
+# Constant folding skips a node whose folded outputs would exceed this many
+# elements: folding must not blow a small shape computation up into a huge
+# constant (an Expand of a weight to a batch, say).
+fold_max_elements: int = int(os.environ.get("KORCH_FOLD_MAX_ELEMENTS", str(1 << 24)))
+
+# Seed of every random input korch makes (checks, shape probes, benchmarks).
+seed: int = int(os.environ.get("KORCH_SEED", "0"))
+
+
+@contextlib.contextmanager
+def patch(**values) -> Iterator[None]:
+    """Set module-level values for the duration of a ``with`` block."""
+    module = globals()
+    unknown = [k for k in values if k not in module or k.startswith("_")]
+    if unknown:
+        raise AttributeError(f"unknown korch config value(s): {', '.join(unknown)}")
+    saved = {k: module[k] for k in values}
+    module.update(values)
+    try:
+        yield
+    finally:
+        module.update(saved)

@@ -1,0 +1,236 @@
+"""korch's model zoo: the Korch paper's benchmark networks, built in plain torch.
+
+Owns the registry (name -> description, input shapes, the paper's primitive
+node count, constructor), building a model with seeded random weights and
+seeded example inputs, and exporting it to ONNX with a cache::
+
+    model, inputs = build("candy")        # eval() module, example inputs
+    path = export("candy")                # cached .onnx under config.cache_dir/zoo
+
+No pretrained weights: every weight is random, drawn after
+``torch.manual_seed(seed)``; see ``common.randomize`` for the norm layers.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from korch import config
+from korch.errors import KorchError
+from korch.zoo.common import randomize
+
+__all__ = ["ZOO_VERSION", "ZooModel", "build", "export", "get", "list_models"]
+
+# Bump when a model's definition, weights or export change: cached files carry it.
+ZOO_VERSION = 1
+
+# Spatial size of the input that calibrates BatchNorm statistics, at most:
+# statistics of convs over i.i.d. noise barely depend on the image size, and
+# calibrating EfficientViT at 2048x2048 would double its build time.
+_CALIBRATION_MAX_SIDE = 512
+# Inputs per calibration batch. The deep features of a noise image vary little
+# across pixels; statistics of one image would normalize by that tiny variance
+# and amplify any other image's deviations layer after layer. Statistics pooled
+# over several images include the variation between images.
+_CALIBRATION_BATCH = 4
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """What the zoo knows about one model without building it."""
+
+    name: str
+    description: str
+    input_shapes: dict[str, tuple[int, ...]] = field(hash=False)
+    # Primitive nodes of the model after Korch's operator fission, as the
+    # paper reports them; None for the models the paper does not count.
+    paper_primitive_nodes: int | None
+
+
+@dataclass(frozen=True)
+class _Entry:
+    model: ZooModel
+    factory: Callable[[], nn.Module]
+    # How each input is drawn: "image" U(0, 1), "normal" N(0, 1), "zeros".
+    input_kinds: dict[str, str]
+
+
+def _factories() -> dict[str, Callable[[], nn.Module]]:
+    from korch.zoo import candy, efficientvit, segformer, transformer, yolov4, yolox
+
+    return {
+        "candy": candy.TransformerNet,
+        "efficientvit": efficientvit.EfficientViTSeg,
+        "yolov4": yolov4.YOLOv4,
+        "yolox_nano": yolox.YOLOX,
+        "segformer_b0": segformer.SegFormer,
+        "bert_layer": transformer.BertLayer,
+        "vit_block": transformer.ViTBlock,
+    }
+
+
+_MODELS: tuple[tuple[ZooModel, dict[str, str]], ...] = (
+    (
+        ZooModel(
+            "candy",
+            "fast neural style transfer network (Johnson et al. 2016; ONNX zoo candy-9)",
+            {"image": (1, 3, 224, 224)},
+            184,
+        ),
+        {"image": "image"},
+    ),
+    (
+        ZooModel(
+            "efficientvit",
+            "EfficientViT-B1 with its segmentation head, 19 classes (Cai et al., ICCV 2023)",
+            {"image": (1, 3, 2048, 2048)},
+            380,
+        ),
+        {"image": "image"},
+    ),
+    (
+        ZooModel(
+            "yolov4",
+            "YOLOv4, CSPDarknet53 + SPP + PANet, 1000 classes, raw heads (Bochkovskiy et al. 2020)",
+            {"image": (1, 3, 416, 416)},
+            569,
+        ),
+        {"image": "image"},
+    ),
+    (
+        ZooModel(
+            "yolox_nano",
+            "YOLOX-Nano, 80 classes, with inference decode (Ge et al. 2021)",
+            {"image": (1, 3, 416, 416)},
+            367,
+        ),
+        {"image": "image"},
+    ),
+    (
+        ZooModel(
+            "segformer_b0",
+            "SegFormer-B0, MiT-B0 + all-MLP decoder, ADE20K 150 classes (Xie et al. 2021)",
+            {"image": (1, 3, 512, 512)},
+            672,
+        ),
+        {"image": "image"},
+    ),
+    (
+        ZooModel(
+            "bert_layer",
+            "one BERT-base encoder layer, 128 tokens (Devlin et al. 2019)",
+            {"hidden_states": (1, 128, 768), "attention_mask": (1, 1, 1, 128)},
+            None,
+        ),
+        {"hidden_states": "normal", "attention_mask": "zeros"},
+    ),
+    (
+        ZooModel(
+            "vit_block",
+            "one ViT-B/16 encoder block, 197 tokens (Dosovitskiy et al. 2021)",
+            {"tokens": (1, 197, 768)},
+            None,
+        ),
+        {"tokens": "normal"},
+    ),
+)
+
+# Models with more than one output; the others have one.
+_NUM_OUTPUTS = {"yolov4": 3}
+
+_REGISTRY: dict[str, tuple[ZooModel, dict[str, str]]] = {m.name: (m, kinds) for m, kinds in _MODELS}
+
+
+def list_models() -> list[ZooModel]:
+    """Every zoo model, in the Korch paper's order, then the single layers."""
+    return [m for m, _ in _MODELS]
+
+
+def get(name: str) -> ZooModel:
+    """The zoo model called ``name``; a ``KorchError`` naming the known ones otherwise."""
+    try:
+        return _REGISTRY[name][0]
+    except KeyError:
+        known = ", ".join(_REGISTRY)
+        raise KorchError(f"unknown zoo model {name!r}; known: {known}") from None
+
+
+def _draw(shape: tuple[int, ...], kind: str, generator: torch.Generator | None) -> torch.Tensor:
+    if kind == "image":
+        return torch.rand(shape, generator=generator)
+    if kind == "normal":
+        return torch.randn(shape, generator=generator)
+    return torch.zeros(shape)
+
+
+def _calibration_shape(shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
+    batch = (_CALIBRATION_BATCH,) + shape[1:]
+    if kind != "image":
+        return batch
+    return batch[:2] + tuple(min(side, _CALIBRATION_MAX_SIDE) for side in shape[2:])
+
+
+def build(name: str, *, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """An eval-mode ``name`` with seeded random weights, and seeded example inputs.
+
+    The global torch RNG is seeded with ``seed`` for the construction and
+    restored afterwards; the inputs come from their own generator.
+    """
+    spec, kinds = _REGISTRY.get(name, (None, None))
+    if spec is None:
+        get(name)  # raises
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = _factories()[name]()
+        calibration = tuple(
+            _draw(_calibration_shape(shape, kinds[key]), kinds[key], None) for key, shape in spec.input_shapes.items()
+        )
+        randomize(model, calibration)
+    generator = torch.Generator().manual_seed(seed)
+    inputs = tuple(_draw(shape, kinds[key], generator) for key, shape in spec.input_shapes.items())
+    return model, inputs
+
+
+def output_names(count: int) -> list[str]:
+    """ONNX output names: ``output`` alone, else ``output_0``, ``output_1``, ..."""
+    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+
+
+def export(name: str, path: str | os.PathLike | None = None, *, seed: int = 0) -> Path:
+    """Export ``name`` (weights from ``seed``) to an ONNX file and return its path.
+
+    Without ``path`` the file is cached under ``config.cache_dir / "zoo"`` and
+    reused when present. The file is written whole or not at all.
+    """
+    spec = get(name)
+    if path is None:
+        path = config.cache_dir / "zoo" / f"{name}-s{seed}-v{ZOO_VERSION}.onnx"
+        if path.is_file():
+            return path
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model, inputs = build(name, seed=seed)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.onnx.export(
+            model,
+            inputs,
+            tmp,
+            dynamo=True,
+            input_names=list(spec.input_shapes),
+            output_names=output_names(_NUM_OUTPUTS.get(name, 1)),
+            external_data=False,
+            verbose=False,
+        )
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path

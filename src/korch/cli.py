@@ -53,7 +53,8 @@ def cmd_inspect(args) -> int:
     console.print(f"parameters {summary.parameter_bytes / 2**20:.2f} MiB  FLOPs {summary.flops / 1e9:.3f} G")
     for title, histogram in (("ONNX operators", summary.operator_histogram),
                              ("primitives after fission", summary.primitive_histogram)):
-        table = Table(title=title, title_justify="left")
+        console.print(f"[bold]{title}[/bold]")
+        table = Table()
         table.add_column("op")
         table.add_column("count", justify="right")
         for op, count in histogram.items():

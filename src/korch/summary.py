@@ -37,6 +37,7 @@ def load_model(model: str | os.PathLike | onnx.ModelProto,
     imported = load_onnx(resolve_model(model), input_shapes)
     name = Path(model).stem if isinstance(model, (str, os.PathLike)) else None
     graph, report = fission_with_report(imported, name=name.removeprefix(ZOO_PREFIX) if name else None)
+    report.warn()
     return imported, graph, report
 
 

@@ -6,6 +6,9 @@ over a model.
 """
 
 from korch.fission import elementwise  # noqa: F401  (registers rules)
+from korch.fission import normalization, reduce  # noqa: F401  (registers rules)
+from korch.fission import linear, pooling  # noqa: F401  (registers rules)
+from korch.fission import layout, resize  # noqa: F401  (registers rules)
 from korch.fission.convert import FissionReport, OpaqueOperatorWarning, fission, fission_with_report
 from korch.fission.registry import claimed_ops, find_rule, fission_rule
 

@@ -38,6 +38,13 @@ class FissionReport:
     opaque: dict[str, str] = dataclasses.field(default_factory=dict)  # op type -> first reason
     opaque_count: Counter = dataclasses.field(default_factory=Counter)
 
+    def warn(self) -> None:
+        """One warning naming every operator kept opaque, if any."""
+        if self.opaque:
+            listed = ", ".join(f"{op} x{self.opaque_count[op]} ({why})" for op, why in sorted(self.opaque.items()))
+            warnings.warn(f"operators kept opaque (run by ONNX Runtime, not fused): {listed}",
+                          OpaqueOperatorWarning, stacklevel=3)
+
 
 def _attributes(node: onnx.NodeProto) -> dict:
     out = {}
@@ -71,10 +78,7 @@ def _why_opaque(rule: Rule | None, node: onnx.NodeProto, inputs: list[str | None
 def fission(imported: ImportedModel, *, name: str | None = None) -> Graph:
     """The primitive graph of an imported model (verified), with a warning naming any opaque operators."""
     graph, report = fission_with_report(imported, name=name)
-    if report.opaque:
-        listed = ", ".join(f"{op} x{report.opaque_count[op]} ({why})" for op, why in sorted(report.opaque.items()))
-        warnings.warn(f"korch: operators kept opaque (run by ONNX Runtime, not fused): {listed}",
-                      OpaqueOperatorWarning, stacklevel=2)
+    report.warn()
     return graph
 
 

@@ -85,7 +85,7 @@ class Folder:
         if is_op(node, "Shape", "Size") and node.input[0] not in constants:
             return _fold_shape(node, shapes)
         default = node.domain in DEFAULT_DOMAINS
-        if default and node.op_type in _NOT_FOLDED or any(True for _ in subgraphs(node)):
+        if (default and node.op_type in _NOT_FOLDED) or any(True for _ in subgraphs(node)):
             return None
         if not all(name in constants for name in node.input if name):
             return None

@@ -1,7 +1,7 @@
 """Loading an ONNX model into the clean, fully static form the rest of korch reads.
 
-Owns reading (files, external data, caller's protos), validation, input shape
-overrides, and the simplification loop: shape inference, no-op removal,
+Owns reading (files, external data, caller's protos), validation, and the
+simplification loop: shape inference, no-op removal,
 constant folding and dead code removal, repeated until nothing changes. Every
 problem the user can fix is a one-line KorchError.
 """
@@ -14,13 +14,24 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import onnx.external_data_helper
+import onnx.inliner
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from korch.errors import KorchError
 from korch.frontend.fold import Folder
 from korch.frontend.graph import remove_dead, topo_sort
+from korch.frontend.inputs import (
+    apply_overrides,
+    drop_constant_inputs,
+    parse_input_shape,
+    require_static_inputs,
+)
 from korch.frontend.noops import remove_noops
 from korch.frontend.shapes import Shapes, elem_type_of, infer, light_model, probe_with_ort
+
+
+__all__ = ["ImportedModel", "load_onnx", "parse_input_shape"]
 
 
 @dataclass
@@ -31,21 +42,6 @@ class ImportedModel:
     shapes: dict[str, tuple[tuple[int, ...], str]]
     constants: dict[str, np.ndarray]
     opset: int
-
-
-def parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
-    """``"x=1x3x224x224"`` -> ``("x", (1, 3, 224, 224))``; ``"s="`` -> ``("s", ())``."""
-    name, sep, dims = spec.strip().rpartition("=")
-    name, dims = name.strip(), dims.strip()
-    hint = f"bad input shape '{spec}': expected NAME=D0xD1x... such as x=1x3x224x224"
-    if not sep or not name:
-        raise KorchError(hint)
-    if not dims:
-        return name, ()
-    parts = dims.replace(",", "x").split("x")
-    if not all(p.strip().isdigit() for p in parts):
-        raise KorchError(hint)
-    return name, tuple(int(p) for p in parts)
 
 
 def load_onnx(
@@ -61,14 +57,18 @@ def load_onnx(
     proto, base_dir, label = _read(model)
     opset = _default_opset(proto, label)
     if proto.functions:
-        proto = onnx.inliner.inline_local_functions(proto)
+        try:
+            proto = onnx.inliner.inline_local_functions(proto)
+        except Exception as exc:  # noqa: BLE001
+            reason = _first_line(exc)
+            raise KorchError(f"cannot inline the functions of {label}: {reason}") from None
         del proto.functions[:]
     graph = proto.graph
     constants, stored = _take_constants(graph, base_dir)
-    _drop_constant_inputs(graph, constants)
+    drop_constant_inputs(graph, constants)
+    apply_overrides(graph, input_shapes or {})
+    require_static_inputs(graph)
     _check(proto, constants, label)
-    _apply_overrides(graph, input_shapes or {})
-    _require_static_inputs(graph)
 
     nodes, shapes = _simplify(proto, constants, opset)
     _write_back(proto, nodes, constants, stored)
@@ -123,7 +123,8 @@ def _take_constants(graph: GraphProto, base_dir: str) -> tuple[dict[str, np.ndar
         try:
             constants[tensor.name] = numpy_helper.to_array(tensor, base_dir)
         except Exception as exc:  # noqa: BLE001
-            raise KorchError(f"cannot read initializer '{tensor.name}': {_first_line(exc)}") from None
+            reason = _first_line(exc)
+            raise KorchError(f"cannot read initializer '{tensor.name}': {reason}") from None
         if tensor.data_location != TensorProto.EXTERNAL:
             stored.add(tensor.name)
     for sparse in graph.sparse_initializer:
@@ -137,90 +138,23 @@ def _take_constants(graph: GraphProto, base_dir: str) -> tuple[dict[str, np.ndar
     return constants, stored
 
 
-def _drop_constant_inputs(graph: GraphProto, constants: Mapping[str, np.ndarray]) -> None:
-    # Old exporters (IR < 4, or keep_initializers_as_inputs) list weights as inputs.
-    for i in reversed(range(len(graph.input))):
-        if graph.input[i].name in constants:
-            del graph.input[i]
-
-
 def _check(proto: ModelProto, constants: dict[str, np.ndarray], label: str) -> None:
-    # The checker serializes its argument: give it the light copy, not the weights.
+    # The checker serializes its argument: give it the light copy, not the weights,
+    # with the nodes sorted (korch sorts them anyway).
+    graph = proto.graph
     light = light_model(
-        proto.graph.node, proto.graph, constants, proto.opset_import, proto.ir_version,
-        keep_output_types=True,
+        topo_sort(list(graph.node)), graph, constants, proto.opset_import, proto.ir_version
     )
+    # The checker wants a shape on every graph output; onnxruntime does not, nor
+    # does korch, which infers them. Give the copy empty ones to pass that check.
+    for value in light.graph.output:
+        value.type.tensor_type.shape.SetInParent()
+        if not value.type.tensor_type.elem_type:
+            value.type.tensor_type.elem_type = TensorProto.FLOAT
     try:
         onnx.checker.check_model(light)
     except onnx.checker.ValidationError as exc:
         raise KorchError(f"{label} is not a valid ONNX model: {_first_line(exc)}") from None
-
-
-def _format_dims(dims: Sequence[int]) -> str:
-    return "x".join(str(d) for d in dims)
-
-
-def _describe(dims) -> str:
-    """Model dims as text: 1xbatchx?."""
-    return "x".join(
-        str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in dims
-    )
-
-
-def _apply_overrides(graph: GraphProto, overrides: Mapping[str, Sequence[int]]) -> None:
-    inputs = {value.name: value for value in graph.input}
-    for name, dims in overrides.items():
-        if name not in inputs:
-            known = ", ".join(inputs) or "none"
-            raise KorchError(f"--input-shape names '{name}', which is no graph input (inputs: {known})")
-        if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
-            raise KorchError(f"--input-shape {name}: dimensions must be integers >= 0, got {list(dims)}")
-        dims = tuple(int(d) for d in dims)
-        value = inputs[name]
-        if not value.type.HasField("tensor_type"):
-            raise KorchError(f"graph input '{name}' is not a tensor; korch takes tensor inputs only")
-        tensor = value.type.tensor_type
-        if tensor.HasField("shape"):
-            old = tensor.shape.dim
-            model_dims = _describe(old)
-            if len(old) != len(dims):
-                raise KorchError(
-                    f"--input-shape {name}={_format_dims(dims)} has rank {len(dims)}, "
-                    f"but graph input '{name}' has rank {len(old)} ({model_dims})"
-                )
-            for axis, (dim, new) in enumerate(zip(old, dims)):
-                if dim.HasField("dim_value") and dim.dim_value >= 0 and dim.dim_value != new:
-                    raise KorchError(
-                        f"--input-shape {name}={_format_dims(dims)} sets axis {axis} to {new}, "
-                        f"but the model fixes it to {dim.dim_value} ({model_dims})"
-                    )
-        value.type.CopyFrom(helper.make_tensor_type_proto(tensor.elem_type, dims))
-
-
-def _require_static_inputs(graph: GraphProto) -> None:
-    for value in graph.input:
-        name = value.name
-        if not value.type.HasField("tensor_type"):
-            raise KorchError(f"graph input '{name}' is not a tensor; korch takes tensor inputs only")
-        tensor = value.type.tensor_type
-        if not tensor.elem_type:
-            raise KorchError(f"graph input '{name}' has no element type")
-        if not tensor.HasField("shape"):
-            raise KorchError(
-                f"graph input '{name}' has no shape (unknown rank); give it one with "
-                f"--input-shape {name}=1x3x224x224"
-            )
-        dims = tensor.shape.dim
-        static = [d.HasField("dim_value") and d.dim_value >= 0 for d in dims]
-        if all(static):
-            continue
-        axis = static.index(False)
-        what = f"symbolic dimension '{dims[axis].dim_param}'" if dims[axis].dim_param else "an unknown dimension"
-        suggestion = _format_dims(d.dim_value if s else 1 for d, s in zip(dims, static))
-        raise KorchError(
-            f"graph input '{name}' has {what} at axis {axis}; give it a static shape "
-            f"with --input-shape {name}={suggestion}"
-        )
 
 
 def _simplify(
@@ -258,7 +192,9 @@ def _write_back(
         else:
             del graph.initializer[i]
     graph.initializer.extend(
-        numpy_helper.from_array(array, name) for name, array in constants.items() if name not in kept
+        numpy_helper.from_array(array, name)
+        for name, array in constants.items()
+        if name not in kept
     )
     del graph.sparse_initializer[:]
     del graph.value_info[:]
@@ -266,7 +202,10 @@ def _write_back(
 
 
 def _resolve(proto: ModelProto, constants: dict[str, np.ndarray], inferred: Shapes) -> dict:
-    """A static shape and dtype for every tensor; onnxruntime fills what onnx could not."""
+    """A static shape and dtype for every tensor, written into the model's types.
+
+    onnxruntime fills in what onnx's inference could not.
+    """
     graph = proto.graph
     names = [value.name for value in graph.input] + list(constants)
     names += [out for node in graph.node for out in node.output if out]
@@ -279,15 +218,19 @@ def _resolve(proto: ModelProto, constants: dict[str, np.ndarray], inferred: Shap
             shapes[name] = inferred.get(name, (None, None))
     missing = [name for name, (shape, dtype) in shapes.items() if shape is None or dtype is None]
     if missing:
+        # Declared output shapes may be symbolic or stale; the probe must not trip on them.
+        for value in graph.output:
+            shape, dtype = shapes[value.name]
+            elem = elem_type_of(dtype) if dtype else value.type.tensor_type.elem_type
+            value.type.CopyFrom(helper.make_tensor_type_proto(elem, shape))
         shapes.update(probe_with_ort(proto, missing))
-    outputs = {value.name for value in graph.output}
-    inputs = {value.name for value in graph.input}
     for value in graph.output:
         shape, dtype = shapes[value.name]
         value.type.CopyFrom(helper.make_tensor_type_proto(elem_type_of(dtype), shape))
-    for name, (shape, dtype) in shapes.items():
-        if name not in outputs and name not in inputs and name not in constants:
-            graph.value_info.append(
-                helper.make_tensor_value_info(name, elem_type_of(dtype), shape)
-            )
+    skip = {value.name for value in [*graph.input, *graph.output]} | set(constants)
+    graph.value_info.extend(
+        helper.make_tensor_value_info(name, elem_type_of(dtype), shape)
+        for name, (shape, dtype) in shapes.items()
+        if name not in skip
+    )
     return shapes

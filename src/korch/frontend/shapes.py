@@ -76,22 +76,18 @@ def light_model(
     constants: dict[str, np.ndarray],
     opset_imports: Sequence[OperatorSetIdProto],
     ir_version: int,
-    keep_output_types: bool = False,
 ) -> ModelProto:
     """A model of ``nodes`` in which large constants are typed graph inputs.
 
-    Graph outputs keep only their element type unless ``keep_output_types``:
-    shapes the exporter declared (often symbolic) must not shadow inferred ones.
+    Graph outputs keep only their element type: shapes the exporter declared
+    (often symbolic) must not shadow inferred ones.
     """
     light = GraphProto(name=graph.name)
     light.node.extend(nodes)
     light.input.extend(graph.input)
     for out in graph.output:
-        if keep_output_types:
-            light.output.append(out)
-        else:
-            elem = out.type.tensor_type.elem_type if out.type.HasField("tensor_type") else 0
-            light.output.append(helper.make_tensor_value_info(out.name, elem, None))
+        elem = out.type.tensor_type.elem_type if out.type.HasField("tensor_type") else 0
+        light.output.append(helper.make_tensor_value_info(out.name, elem, None))
     for name, array in constants.items():
         if array.size > SMALL_CONSTANT and array.dtype != np.int64:
             light.input.append(helper.make_tensor_value_info(name, elem_type(array), array.shape))

@@ -3,7 +3,8 @@
 The result opens in ONNX Runtime and Netron, so a person can look at the
 primitive graph and ONNX Runtime can check it. Each primitive maps to the ONNX
 operator of the same meaning at opset ``max(config.export_opset, graph.opset)``;
-opaque nodes are written back as the ONNX node they came from.
+opaque nodes are written back as the ONNX node they came from, brought to that
+opset by onnx's version converter when the model's is older.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import base64
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper, numpy_helper, version_converter
 
 from korch import config
 from korch.ir import dtypes, ops
@@ -37,8 +38,9 @@ def encode_opaque(proto: onnx.NodeProto) -> str:
 
 
 class _Writer:
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, opset: int):
         self.graph = graph
+        self.opset = opset
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.domains: dict[str, int] = {}
@@ -58,9 +60,11 @@ class _Writer:
         a, op, out, name = node.attrs, node.op, node.outputs, node.name or node.outputs[0]
         x = node.inputs
         if op is Op.OPAQUE:
-            self.nodes.append(decode_opaque(node))
             if a["domain"] not in ("", "ai.onnx"):
+                self.nodes.append(decode_opaque(node))
                 self.domains[a["domain"]] = a["opset"]
+            else:
+                self._opaque_at_export_opset(node)
         elif op is Op.CAST:
             self.emit("Cast", x, out, name, to=dtypes.to_onnx(a["to"]))
         elif op is Op.MOD:
@@ -97,6 +101,36 @@ class _Writer:
         else:  # pragma: no cover - guarded by test_every_op_exports
             raise NotImplementedError(f"no ONNX form for {op}")
 
+    def _opaque_at_export_opset(self, node: Node) -> None:
+        """Write an opaque ONNX node, converted by onnx's version converter if the model's opset is older."""
+        proto = decode_opaque(node)
+        if node.attrs["opset"] == self.opset:
+            self.nodes.append(proto)
+            return
+        t = self.graph.tensors
+        single = helper.make_model(
+            helper.make_graph([proto], "opaque",
+                              [helper.make_tensor_value_info(x, dtypes.to_onnx(t[x].dtype), list(t[x].shape))
+                               for x in dict.fromkeys(node.inputs) if x],
+                              [helper.make_tensor_value_info(x, dtypes.to_onnx(t[x].dtype), list(t[x].shape))
+                               for x in node.outputs]),
+            opset_imports=[helper.make_opsetid("", node.attrs["opset"])])
+        converted = version_converter.convert_version(single, self.opset).graph
+        prefix = f"{node.name or node.outputs[0]}__v{self.opset}/"
+        keep = set(node.inputs) | set(node.outputs)
+        rename = {}
+        for inner in converted.node:
+            for i, name in enumerate(inner.output):
+                if name not in keep:
+                    rename[name] = inner.output[i] = prefix + name
+        for init in converted.initializer:
+            rename[init.name] = init.name = prefix + init.name
+            self.initializers.append(init)
+        for inner in converted.node:
+            for i, name in enumerate(inner.input):
+                inner.input[i] = rename.get(name, name)
+            self.nodes.append(inner)
+
     def _slice(self, node: Node) -> None:
         a = node.attrs
         shape = self.graph.tensors[node.output].shape
@@ -111,7 +145,8 @@ class _Writer:
 
 
 def to_onnx(graph: Graph) -> onnx.ModelProto:
-    writer = _Writer(graph)
+    opset = max(config.export_opset, graph.opset)
+    writer = _Writer(graph, opset)
     for node in graph.nodes:
         writer.write(node)
 
@@ -128,7 +163,6 @@ def to_onnx(graph: Graph) -> onnx.ModelProto:
         initializer=initializers,
         value_info=[info(n) for n in graph.tensors if n in produced and n not in graph.outputs],
     )
-    opset = max(config.export_opset, graph.opset)
     imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in writer.domains.items()]
     model = helper.make_model(onnx_graph, opset_imports=imports, producer_name="korch")
     model.ir_version = min(model.ir_version, 10)

@@ -94,6 +94,9 @@ class SelfAttention(nn.Module):
         return self.proj(out)
 
 
+NORM_SCALE = (0.5, 1.5)
+NORM_SHIFT = (-0.2, 0.2)
+BN_SHIFT = (-0.2, 0.2)
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
 _AFFINE_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.InstanceNorm2d, nn.LayerNorm, nn.GroupNorm)
 
@@ -114,8 +117,8 @@ def randomize(model: nn.Module, calibration_input: tuple[torch.Tensor, ...] | No
     """
     for module in model.modules():
         if isinstance(module, _AFFINE_NORMS) and getattr(module, "weight", None) is not None:
-            module.weight.uniform_(0.5, 1.5)
-            module.bias.uniform_(-0.2, 0.2)
+            module.weight.uniform_(*NORM_SCALE)
+            module.bias.uniform_(*(BN_SHIFT if isinstance(module, _BATCH_NORMS) else NORM_SHIFT))
     batch_norms = [m for m in model.modules() if isinstance(m, _BATCH_NORMS)]
     if batch_norms and calibration_input is not None:
         model.eval()

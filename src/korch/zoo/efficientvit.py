@@ -90,7 +90,10 @@ class LiteMLA(nn.Module):
         heads = channels // dim
         total = heads * dim
         self.dim = dim
-        self.eps = eps
+        # A 1-element tensor, not a scalar: the exporter's optimizer rewrites
+        # ``x + c`` to ``x`` for a scalar |c| < 1e-8 (an "add of zero"), which
+        # would turn the 0/0 of an all-zero relu(q) row into NaN.
+        self.register_buffer("eps", torch.tensor([eps]), persistent=False)
         self.qkv = ConvNormAct(channels, 3 * total, 1, norm=False, bias=False)
         self.aggreg = nn.Sequential(
             nn.Conv2d(3 * total, 3 * total, scale, padding=scale // 2, groups=3 * total, bias=False),

@@ -1,0 +1,182 @@
+"""Fission rules of the pools: MaxPool, AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool.
+
+A pool is one ``MAX_POOL`` or ``AVG_POOL`` primitive with every window
+parameter explicit: ``auto_pad`` is resolved to pads, and ``ceil_mode`` becomes
+extra padding at the end of each spatial axis, enough for the last partial
+window (a window that would start in the end padding is not created, as the
+spec and PyTorch say). The extra padding never counts as an element: for
+``count_include_pad`` averages whose last window overhangs it, the explicit
+pads are zeros written by a ``PAD`` (real elements to the pool) and the pool
+then divides by the count of real elements. LpPool is the p-th root of a
+window sum, the sum an average times the kernel size. The global pools are
+``REDUCE_MEAN``/``REDUCE_MAX`` over the spatial axes with ``keepdims``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from korch.fission.builder import Builder
+from korch.fission.linear import explicit_pads
+from korch.fission.registry import fission_rule
+from korch.ir.ops import Op
+
+
+@dataclasses.dataclass(frozen=True)
+class _Window:
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads: tuple[int, ...]  # the model's pads, resolved: begins then ends
+    extra: tuple[int, ...]  # end padding ceil_mode adds on each axis
+
+    @property
+    def padded(self) -> tuple[int, ...]:
+        k = len(self.kernel)
+        return self.pads[:k] + tuple(e + x for e, x in zip(self.pads[k:], self.extra))
+
+    def attrs(self, pads: tuple[int, ...]) -> dict:
+        return {"kernel": self.kernel, "strides": self.strides, "pads": pads, "dilations": self.dilations}
+
+
+def _window(b: Builder, x: str, kernel_shape, auto_pad, pads, strides, dilations, ceil_mode) -> _Window | None:
+    k = len(kernel_shape)
+    if b.rank(x) != k + 2 or not 1 <= k <= 3:
+        return None
+    kernel = tuple(int(v) for v in kernel_shape)
+    strides = tuple(int(v) for v in strides) if strides is not None else (1,) * k
+    dilations = tuple(int(v) for v in dilations) if dilations is not None else (1,) * k
+    sizes = b.shape(x)[2:]
+    resolved = explicit_pads(auto_pad, pads, sizes, kernel, strides, dilations)
+    if resolved is None:
+        return None
+    extra = [0] * k
+    # with auto_pad the spec's output sizes (ceil(in / stride) for SAME, whole windows for VALID) need no extra
+    if ceil_mode and auto_pad == "NOTSET":
+        for i, (size, kk, s, d) in enumerate(zip(sizes, kernel, strides, dilations)):
+            begin, end = resolved[i], resolved[k + i]
+            span = (kk - 1) * d + 1
+            out = -(-(size + begin + end - span) // s) + 1
+            if (out - 1) * s >= size + begin:  # the last window would start in the end padding
+                out -= 1
+            extra[i] = max(0, (out - 1) * s + span - (size + begin + end))
+    return _Window(kernel, strides, dilations, tuple(resolved), tuple(extra))
+
+
+def _wants_indices(b: Builder) -> bool:
+    """Whether the node asks for its second output (MaxPool's Indices).
+
+    Needs the builder to know the node's output names (``Builder.outputs``);
+    without them a requested Indices stays unbound and fails loudly in fission.
+    """
+    outputs = getattr(b, "outputs", None)
+    return bool(outputs and len(outputs) > 1 and outputs[1])
+
+
+def _max_pool(b: Builder, x, kernel_shape, auto_pad="NOTSET", pads=None, strides=None, dilations=None,
+              ceil_mode=0):
+    if _wants_indices(b):
+        return NotImplemented  # argmax positions are not a primitive
+    w = _window(b, x, kernel_shape, auto_pad, pads, strides, dilations, ceil_mode)
+    if w is None:
+        return NotImplemented
+    return b.emit(Op.MAX_POOL, x, **w.attrs(w.padded)), None
+
+
+@fission_rule("MaxPool", since=1)
+def MaxPool_1(b: Builder, x, *, kernel_shape, auto_pad="NOTSET", pads=None, strides=None):
+    return _max_pool(b, x, kernel_shape, auto_pad, pads, strides)
+
+
+@fission_rule("MaxPool", since=8)
+def MaxPool_8(b: Builder, x, *, kernel_shape, auto_pad="NOTSET", pads=None, storage_order=0, strides=None):
+    return _max_pool(b, x, kernel_shape, auto_pad, pads, strides)
+
+
+@fission_rule("MaxPool", since=10)
+def MaxPool(b: Builder, x, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, dilations=None, pads=None,
+            storage_order=0, strides=None):
+    return _max_pool(b, x, kernel_shape, auto_pad, pads, strides, dilations, ceil_mode)
+
+
+def _average_pool(b: Builder, x, kernel_shape, auto_pad="NOTSET", pads=None, strides=None, dilations=None,
+                  ceil_mode=0, count_include_pad=0):
+    w = _window(b, x, kernel_shape, auto_pad, pads, strides, dilations, ceil_mode)
+    if w is None:
+        return NotImplemented
+    if not count_include_pad or not any(w.extra):
+        return b.emit(Op.AVG_POOL, x, count_include_pad=int(bool(count_include_pad)), **w.attrs(w.padded))
+    # The divisor is the window clipped to the explicitly padded input: explicit pads count, the
+    # ceil_mode extra does not. Zeros written by PAD are real elements to a count_include_pad=0 pool.
+    k = len(w.kernel)
+    padded = x
+    if any(w.pads):
+        padded = b.emit(Op.PAD, x, pads=(0, 0) + w.pads[:k] + (0, 0) + w.pads[k:], mode="constant")
+    return b.emit(Op.AVG_POOL, padded, count_include_pad=0, **w.attrs((0,) * k + w.extra))
+
+
+@fission_rule("AveragePool", since=1)
+def AveragePool_1(b: Builder, x, *, kernel_shape, auto_pad="NOTSET", pads=None, strides=None):
+    return _average_pool(b, x, kernel_shape, auto_pad, pads, strides)
+
+
+@fission_rule("AveragePool", since=7)
+def AveragePool_7(b: Builder, x, *, kernel_shape, auto_pad="NOTSET", count_include_pad=0, pads=None, strides=None):
+    return _average_pool(b, x, kernel_shape, auto_pad, pads, strides, count_include_pad=count_include_pad)
+
+
+@fission_rule("AveragePool", since=10)
+def AveragePool_10(b: Builder, x, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0,
+                   pads=None, strides=None):
+    return _average_pool(b, x, kernel_shape, auto_pad, pads, strides, None, ceil_mode, count_include_pad)
+
+
+@fission_rule("AveragePool", since=19)
+def AveragePool(b: Builder, x, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0,
+                dilations=None, pads=None, strides=None):
+    return _average_pool(b, x, kernel_shape, auto_pad, pads, strides, dilations, ceil_mode, count_include_pad)
+
+
+def _lp_pool(b: Builder, x, kernel_shape, p, auto_pad="NOTSET", pads=None, strides=None, dilations=None,
+             ceil_mode=0):
+    w = _window(b, x, kernel_shape, auto_pad, pads, strides, dilations, ceil_mode)
+    if w is None or p <= 0:
+        return NotImplemented
+    powered = b.mul(x, x) if p == 2 else b.emit(Op.ABS, x) if p == 1 else \
+        b.emit(Op.POW, b.emit(Op.ABS, x), b.scalar(p, like=x))
+    # pads are zeros to the sum; an average over the whole kernel, times its size, is the sum
+    mean = b.emit(Op.AVG_POOL, powered, count_include_pad=1, **w.attrs(w.padded))
+    total = b.mul(mean, b.scalar(math.prod(w.kernel), like=x))
+    if p == 1:
+        return total
+    if p == 2:
+        return b.emit(Op.SQRT, total)
+    return b.emit(Op.POW, total, b.scalar(1.0 / p, like=x))
+
+
+@fission_rule("LpPool", since=1)
+def LpPool_1(b: Builder, x, *, kernel_shape, auto_pad="NOTSET", p=2, pads=None, strides=None):
+    return _lp_pool(b, x, kernel_shape, p, auto_pad, pads, strides)
+
+
+@fission_rule("LpPool", since=18)
+def LpPool(b: Builder, x, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, dilations=None, p=2, pads=None,
+           strides=None):
+    return _lp_pool(b, x, kernel_shape, p, auto_pad, pads, strides, dilations, ceil_mode)
+
+
+def _spatial_axes(b: Builder, x: str) -> tuple[int, ...]:
+    return tuple(range(2, b.rank(x)))
+
+
+@fission_rule("GlobalAveragePool", since=1)
+def GlobalAveragePool(b: Builder, x):
+    axes = _spatial_axes(b, x)
+    return b.reduce(Op.REDUCE_MEAN, x, axes, keepdims=True) if axes else b.copy(x)
+
+
+@fission_rule("GlobalMaxPool", since=1)
+def GlobalMaxPool(b: Builder, x):
+    axes = _spatial_axes(b, x)
+    return b.reduce(Op.REDUCE_MAX, x, axes, keepdims=True) if axes else b.copy(x)

@@ -1,0 +1,116 @@
+"""Graph inputs: which are real, user overrides of their shapes, and the static check.
+
+Initializers that old exporters also list as graph inputs are constants, not
+inputs. ``--input-shape NAME=1x3x224x224`` (parsed by ``parse_input_shape``)
+replaces an input's dims; afterwards every input must be fully static.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+from onnx import GraphProto, helper
+
+from korch.errors import KorchError
+
+
+def parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
+    """``"x=1x3x224x224"`` -> ``("x", (1, 3, 224, 224))``; ``"s="`` -> ``("s", ())``."""
+    name, sep, dims = spec.strip().rpartition("=")
+    name, dims = name.strip(), dims.strip()
+    hint = f"bad input shape '{spec}': expected NAME=D0xD1x... such as x=1x3x224x224"
+    if not sep or not name:
+        raise KorchError(hint)
+    if not dims:
+        return name, ()
+    parts = dims.replace(",", "x").split("x")
+    if not all(p.strip().isdigit() for p in parts):
+        raise KorchError(hint)
+    return name, tuple(int(p) for p in parts)
+
+
+def drop_constant_inputs(graph: GraphProto, constants: Mapping[str, np.ndarray]) -> None:
+    # Old exporters (IR < 4, or keep_initializers_as_inputs) list weights as inputs.
+    for i in reversed(range(len(graph.input))):
+        if graph.input[i].name in constants:
+            del graph.input[i]
+
+
+def _format_dims(dims: Iterable[int]) -> str:
+    return "x".join(str(d) for d in dims)
+
+
+def _describe(dims) -> str:
+    """Model dims as text: 1xbatchx?."""
+    return "x".join(
+        str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in dims
+    )
+
+
+def _is_dim(d) -> bool:
+    return isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0
+
+
+def apply_overrides(graph: GraphProto, overrides: Mapping[str, Sequence[int]]) -> None:
+    """Replace the dims of the named graph inputs; they must agree with the model."""
+    inputs = {value.name: value for value in graph.input}
+    for name, dims in overrides.items():
+        if name not in inputs:
+            known = ", ".join(inputs) or "none"
+            raise KorchError(
+                f"--input-shape names '{name}', which is no graph input (inputs: {known})"
+            )
+        if isinstance(dims, (str, bytes)) or not all(_is_dim(d) for d in dims):
+            raise KorchError(f"--input-shape {name}: dimensions must be integers >= 0, got {dims!r}")
+        dims = tuple(int(d) for d in dims)
+        value = inputs[name]
+        if not value.type.HasField("tensor_type"):
+            raise KorchError(f"graph input '{name}' is not a tensor; korch takes tensor inputs only")
+        tensor = value.type.tensor_type
+        if tensor.HasField("shape"):
+            _check_agrees(name, dims, tensor.shape.dim)
+        value.type.CopyFrom(helper.make_tensor_type_proto(tensor.elem_type, dims))
+
+
+def _check_agrees(name: str, dims: tuple[int, ...], old) -> None:
+    given = f"--input-shape {name}={_format_dims(dims)}"
+    if len(old) != len(dims):
+        raise KorchError(
+            f"{given} has rank {len(dims)}, but graph input '{name}' has rank {len(old)} "
+            f"({_describe(old)})"
+        )
+    for axis, (dim, new) in enumerate(zip(old, dims)):
+        if dim.HasField("dim_value") and dim.dim_value >= 0 and dim.dim_value != new:
+            raise KorchError(
+                f"{given} sets axis {axis} to {new}, but the model fixes it to {dim.dim_value} "
+                f"({_describe(old)})"
+            )
+
+
+def require_static_inputs(graph: GraphProto) -> None:
+    """Every graph input must be a tensor of known element type and static shape."""
+    for value in graph.input:
+        name = value.name
+        if not value.type.HasField("tensor_type"):
+            raise KorchError(f"graph input '{name}' is not a tensor; korch takes tensor inputs only")
+        tensor = value.type.tensor_type
+        if not tensor.elem_type:
+            raise KorchError(f"graph input '{name}' has no element type")
+        if not tensor.HasField("shape"):
+            raise KorchError(
+                f"graph input '{name}' has no shape (unknown rank); give it one with "
+                f"--input-shape {name}=1x3x224x224"
+            )
+        dims = tensor.shape.dim
+        static = [d.HasField("dim_value") and d.dim_value >= 0 for d in dims]
+        if all(static):
+            continue
+        axis = static.index(False)
+        param = dims[axis].dim_param
+        what = f"symbolic dimension '{param}'" if param else "an unknown dimension"
+        suggestion = _format_dims(d.dim_value if s else 1 for d, s in zip(dims, static))
+        raise KorchError(
+            f"graph input '{name}' has {what} at axis {axis}; give it a static shape "
+            f"with --input-shape {name}={suggestion}"
+        )

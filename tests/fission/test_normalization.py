@@ -115,7 +115,8 @@ def test_layer_normalization_without_bias_and_broadcast_scale():
 def test_layer_normalization_float16_stashes_in_float32():
     x = _rand(4, 6, dtype=np.float16)
     model = _model("LayerNormalization", {"x": x}, 17, outputs=("y", "mean", "inv_std"),
-                   out_types={"mean": np.float32, "inv_std": np.float32}, constants={"scale": _rand(6, seed=1, dtype=np.float16), "bias": _rand(6, seed=2, dtype=np.float16)})
+                   out_types={"mean": np.float32, "inv_std": np.float32},
+                   constants={"scale": _rand(6, seed=1, dtype=np.float16), "bias": _rand(6, seed=2, dtype=np.float16)})
     graph = _check(model, {"x": x}, rtol=1e-3, atol=1e-3)
     assert graph.tensors["mean"].dtype == "float32" and graph.tensors["y"].dtype == "float16"
 

@@ -25,9 +25,10 @@ _SHARED_CONSTANT_MAX_ELEMENTS = 64
 class Builder:
     """Appends primitives to ``graph`` on behalf of one source operator named ``base``."""
 
-    def __init__(self, graph: Graph, base: str, constant_cache: dict | None = None):
+    def __init__(self, graph: Graph, base: str, constant_cache: dict | None = None, num_outputs: int = 1):
         self.graph = graph
         self.base = base
+        self.num_outputs = num_outputs  # how many outputs of the source operator the model uses
         self.created: list[Node] = []
         self._constant_cache = constant_cache if constant_cache is not None else {}
         self._count = 0
@@ -89,12 +90,10 @@ class Builder:
         return name
 
     def _fold(self, op: Op, inputs: Sequence[str], attrs: Attrs) -> str:
-        import torch
-
-        from korch.runtime.reference import run_node
+        from korch.runtime.reference import as_torch, run_node
 
         node = Node(op=op, inputs=tuple(inputs), outputs=("folded",), attrs=attrs)
-        (value,) = run_node(node, [torch.from_numpy(np.ascontiguousarray(self.graph.constants[n])) for n in inputs])
+        (value,) = run_node(node, [as_torch(self.graph.constants[n]) for n in inputs])
         return self.const(value.numpy())
 
     def opaque(self, inputs: Sequence[str], outputs: Sequence[Tensor], attrs: dict) -> list[str]:

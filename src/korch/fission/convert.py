@@ -103,7 +103,7 @@ def fission_with_report(imported: ImportedModel, *, name: str | None = None) -> 
         inputs = [value_of[x] if x else None for x in node.input]
         domain_opset = _domain_opset(model, node.domain)
         rule = find_rule(node.op_type, domain_opset, node.domain)
-        builder = Builder(graph, base, constant_cache)
+        builder = Builder(graph, base, constant_cache, num_outputs=sum(1 for o in node.output if o))
         why = _why_opaque(rule, node, inputs, graph)
         results = None
         if why is None:

@@ -201,9 +201,22 @@ def _pad(b: Builder, x: str, pads: list[int], mode: str, value, axes) -> str:
     if not any(begin + end):
         return _produced(b, out, x)
     inputs = [out]
+    if mode == "constant" and isinstance(value, str):  # a fill value computed at run time
+        padded = b.emit(Op.PAD, out, pads=tuple(begin + end), mode=mode)
+        return b.where(b.const(_border(b.shape(out), begin, end)), b.reshape(value, ()), padded)
     if mode == "constant" and value is not None and np.asarray(value).reshape(-1)[0] != 0:
         inputs.append(b.const(np.asarray(value).reshape(()).astype(b.dtype(x))))
     return b.emit(Op.PAD, *inputs, pads=tuple(begin + end), mode=mode)
+
+
+def _border(shape, begin, end) -> np.ndarray:
+    """True at the padded positions (size-1 axes where nothing is padded)."""
+    mask = np.zeros([d + p + q if p or q else 1 for d, p, q in zip(shape, begin, end)], dtype=bool)
+    for axis, (d, p, q) in enumerate(zip(shape, begin, end)):
+        if p or q:
+            pos = np.arange(d + p + q)
+            mask |= ((pos < p) | (pos >= p + d)).reshape((-1,) + (1,) * (len(shape) - axis - 1))
+    return mask
 
 
 @fission_rule("Pad", since=1)
@@ -216,9 +229,10 @@ def Pad_2(b: Builder, x, *, pads, mode="constant", value=0.0):
     return _pad(b, x, list(pads), mode, value, None)
 
 
-@fission_rule("Pad", since=11, const_inputs=(1, 2, 3))
+@fission_rule("Pad", since=11, const_inputs=(1, 3))
 def Pad(b: Builder, x, pads, constant_value=None, axes=None, *, mode="constant"):
-    return _pad(b, x, _ints(b, pads), mode, b.value(constant_value), _ints(b, axes))
+    value = b.value(constant_value)  # the tensor's name when it is not a constant
+    return _pad(b, x, _ints(b, pads), mode, constant_value if value is None else value, _ints(b, axes))
 
 
 # -- broadcasting and repetition --------------------------------------------------------

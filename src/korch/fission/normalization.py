@@ -167,6 +167,8 @@ def BatchNormalization_1(b: Builder, X, scale, B, mean, var, *, epsilon=1e-5, mo
 @fission_rule("BatchNormalization", since=7)
 def BatchNormalization_7(b: Builder, X, scale, B, mean, var, *, epsilon=1e-5, momentum=0.9, spatial=1):
     # spatial=0 gives statistics of shape (C, D1, ..., Dn): they broadcast as they are
+    if b.num_outputs > 1:
+        return NotImplemented  # running mean/var outputs exist only in training
     return _batch_norm(b, X, scale, B, mean, var, epsilon)
 
 
@@ -189,8 +191,8 @@ def LRN(b: Builder, X, *, size, alpha=0.0001, beta=0.75, bias=1.0):
     n, c = shape[:2]
     columns = b.reshape(b.mul(X, X), (n, 1, c, math.prod(shape[2:])))
     before = (size - 1) // 2
-    window_mean = b.emit(Op.AVG_POOL, columns, kernel=(size, 1), strides=(1, 1), pads=(before, 0, size - 1 - before, 0),
-                         dilations=(1, 1), count_include_pad=1)
+    window_mean = b.emit(Op.AVG_POOL, columns, kernel=(size, 1), strides=(1, 1),
+                         pads=(before, 0, size - 1 - before, 0), dilations=(1, 1), count_include_pad=1)
     base = b.add(b.mul(b.reshape(window_mean, shape), b.scalar(alpha, like=X)), b.scalar(bias, like=X))
     return b.div(X, b.emit(Op.POW, base, b.scalar(beta, like=X)))
 

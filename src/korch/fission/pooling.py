@@ -52,8 +52,8 @@ def _window(b: Builder, x: str, kernel_shape, auto_pad, pads, strides, dilations
     if resolved is None:
         return None
     extra = [0] * k
-    # with auto_pad the spec's output sizes (ceil(in / stride) for SAME, whole windows for VALID) need no extra
-    if ceil_mode and auto_pad == "NOTSET":
+    # SAME_* outputs have ceil(in / stride) elements whatever ceil_mode says (spec, shape inference and ORT agree)
+    if ceil_mode and auto_pad in ("NOTSET", "VALID"):
         for i, (size, kk, s, d) in enumerate(zip(sizes, kernel, strides, dilations)):
             begin, end = resolved[i], resolved[k + i]
             span = (kk - 1) * d + 1

@@ -81,7 +81,9 @@ def _reduce(node, x):
         if not keepdims:
             shape = [d for i, d in enumerate(shape) if i not in axes]
         value = _REDUCE_IDENTITY[op]
-        if not x.is_floating_point() and not np.isfinite(value):
+        if x.dtype == torch.bool:
+            value = value > 0 if op in (Op.REDUCE_MIN, Op.REDUCE_PROD) else False
+        elif not x.is_floating_point() and not np.isfinite(value):
             info = torch.iinfo(x.dtype)
             value = info.min if value < 0 else info.max
         return torch.full(shape, value, dtype=x.dtype)
@@ -257,10 +259,12 @@ def run_node(node: Node, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [result]
 
 
-def _to_torch(value: np.ndarray | torch.Tensor) -> torch.Tensor:
+def as_torch(value: np.ndarray | torch.Tensor) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
-    return torch.from_numpy(np.ascontiguousarray(value))
+    value = np.asarray(value, order="C")  # (not ascontiguousarray: it makes 0-d arrays 1-d)
+    # torch warns on read-only arrays (imported weights wrap the model's bytes); no op here writes to its inputs
+    return torch.from_numpy(value if value.flags.writeable else value.copy())
 
 
 def run(graph: Graph, feeds: Mapping[str, np.ndarray | torch.Tensor],
@@ -270,9 +274,9 @@ def run(graph: Graph, feeds: Mapping[str, np.ndarray | torch.Tensor],
     missing = [n for n in graph.inputs if n not in feeds]
     if missing:
         raise ValueError(f"missing inputs: {missing}")
-    env: dict[str, torch.Tensor] = {name: _to_torch(v) for name, v in graph.constants.items()}
+    env: dict[str, torch.Tensor] = {name: as_torch(v) for name, v in graph.constants.items()}
     for name in graph.inputs:
-        env[name] = _to_torch(feeds[name])
+        env[name] = as_torch(feeds[name])
     last_use = _last_uses(graph, wanted)
     for step, node in enumerate(graph.nodes):
         results = run_node(node, [env[name] if name else None for name in node.inputs])

@@ -44,6 +44,13 @@ def _elem_type_name(value_info: onnx.ValueInfoProto) -> str | None:
         return None
 
 
+def _as_array(value, value_info: onnx.ValueInfoProto) -> np.ndarray:
+    """A case's data as the type its model declares (some cases store TensorProtos or object arrays)."""
+    if isinstance(value, onnx.TensorProto):
+        value = onnx.numpy_helper.to_array(value)
+    return np.asarray(value, dtype=_elem_type_name(value_info))
+
+
 def case_ops(model: onnx.ModelProto) -> list[str]:
     return [n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")]
 
@@ -98,7 +105,8 @@ def run_case(case) -> list[Outcome]:
     outcomes = []
     for index, (inputs, outputs) in enumerate(case.data_sets):
         label = f"{case.name}[{index}]"
-        feeds = {vi.name: np.asarray(v) for vi, v in zip(model.graph.input, inputs)}
+        # some cases store their arrays with dtype object: read them as the type the model declares
+        feeds = {vi.name: _as_array(v, vi) for vi, v in zip(model.graph.input, inputs)}
         pinned = _pin_constant_inputs(model, feeds)
         try:
             with warnings.catch_warnings():
@@ -114,7 +122,7 @@ def run_case(case) -> list[Outcome]:
             outcomes.append(Outcome(label, op, "failed", f"{type(exc).__name__}: {exc}"))
             continue
         problems = [p for vi, want in zip(model.graph.output, outputs)
-                    if (p := _compare(vi.name, got[vi.name], np.asarray(want)))]
+                    if (p := _compare(vi.name, got[vi.name], _as_array(want, vi)))]
         outcomes.append(Outcome(label, op, "failed" if problems else "passed", "; ".join(problems)))
     return outcomes
 

@@ -127,7 +127,16 @@ def fission_with_report(imported: ImportedModel, *, name: str | None = None) -> 
             value_of[onnx_name] = onnx_name if builder.rename(ir_name, onnx_name) else ir_name
 
     _bind_outputs(graph, model, value_of, constant_cache)
+    _drop_unused_constants(graph)
     return verify(graph), report
+
+
+def _drop_unused_constants(graph: Graph) -> None:
+    """Constants no node reads (weights folded into new ones, helpers of declined rules)."""
+    used = {name for node in graph.nodes for name in node.inputs}
+    for name in [c for c in graph.constants if c not in used]:
+        del graph.constants[name]
+        del graph.tensors[name]
 
 
 def _domain_opset(model: onnx.ModelProto, domain: str) -> int:

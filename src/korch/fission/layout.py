@@ -113,10 +113,7 @@ def _split(b: Builder, x: str, axis: int, sizes: list[int] | None, parts: int | 
     axis = _axis(axis, b.rank(x))
     dim = b.shape(x)[axis]
     if sizes is None:
-        # Without sizes the output count decides; the rule learns it only if convert tells the builder.
-        parts = parts or getattr(b, "num_outputs", None)
-        if not parts:
-            return NotImplemented
+        parts = parts or b.num_outputs
         chunk = -(-dim // parts)  # an uneven split makes the last part smaller
         sizes = [chunk] * (parts - 1) + [dim - chunk * (parts - 1)]
     if sum(sizes) != dim or min(sizes) < 0:
@@ -363,6 +360,8 @@ def Identity(b: Builder, x):
 
 
 def _dropout(b: Builder, x: str, mask_dtype: str):
+    if b.num_outputs < 2:  # the mask is unused
+        return b.copy(x)
     return b.copy(x), b.const(np.ones(b.shape(x), dtype=mask_dtype))
 
 

@@ -145,7 +145,11 @@ def Conv(b: Builder, x, w, bias=None, *, auto_pad="NOTSET", dilations=None, grou
 
 
 def _transpose_pads(full: Sequence[int], target: Sequence[int], auto_pad: str) -> list[int]:
-    """Pads cropping a transposed convolution of size ``full`` to ``target``, split as the spec says."""
+    """Pads cropping a transposed convolution of size ``full`` to ``target``, split as the spec says.
+
+    The odd element is cropped at the end for SAME_UPPER, at the beginning otherwise (opset 11 text;
+    opset 1's text says the reverse, but ORT and the ONNX reference split every opset this way).
+    """
     begins, ends = [], []
     for f, t in zip(full, target):
         total = max(0, f - t)  # a larger target is zeros appended at the end (see ConvTranspose)
@@ -172,7 +176,8 @@ def ConvTranspose(b: Builder, x, w, bias=None, *, auto_pad="NOTSET", dilations=N
     if output_shape is not None:
         target = [int(t) for t in output_shape][-k:]  # some exporters include N and C
     elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        target = [n * s for n, s in zip(sizes, strides)]
+        # in * stride, but never more than the full result (ONNX shape inference and ORT agree)
+        target = [min(n * s, f) for n, s, f in zip(sizes, strides, full)]
     if target is not None:
         pads = _transpose_pads(full, target, auto_pad)
     elif auto_pad == "VALID" or pads is None:
@@ -191,6 +196,11 @@ def ConvTranspose(b: Builder, x, w, bias=None, *, auto_pad="NOTSET", dilations=N
 _ELLIPSIS_LABELS = "0123456789"  # stand-ins for the axes of "...", never letters of an equation
 
 
+def _is_term(term: str) -> bool:
+    """Letters, with at most one "..." among them."""
+    return term.count("...") <= 1 and all("a" <= ch.lower() <= "z" for ch in term.replace("...", "", 1))
+
+
 def _parse_einsum(equation: str, ranks: Sequence[int]) -> tuple[list[str], str] | None:
     """Each operand's labels and the output's, with "..." spelled out as digits; None if malformed."""
     eq = equation.replace(" ", "")
@@ -201,17 +211,21 @@ def _parse_einsum(equation: str, ranks: Sequence[int]) -> tuple[list[str], str] 
     spelled = []
     ellipsis_rank = 0
     for term, rank in zip(terms, ranks):
+        if not _is_term(term):
+            return None
         if "..." in term:
             n = rank - (len(term) - 3)
             if n < 0 or n > len(_ELLIPSIS_LABELS):
                 return None
             ellipsis_rank = max(ellipsis_rank, n)
             term = term.replace("...", _ELLIPSIS_LABELS[len(_ELLIPSIS_LABELS) - n:])
-        if len(term) != rank or not all(ch.isalpha() or ch.isdigit() for ch in term):
+        if len(term) != rank:
             return None
         spelled.append(term)
     ellipsis = _ELLIPSIS_LABELS[len(_ELLIPSIS_LABELS) - ellipsis_rank:]
     if arrow:
+        if not _is_term(rhs):
+            return None
         out = rhs.replace("...", ellipsis)
     else:  # implicit output: the ellipsis, then the labels seen once, in alphabetical order
         counts = {ch: sum(t.count(ch) for t in spelled) for ch in set("".join(spelled))}

@@ -1,4 +1,4 @@
-"""Fission rules of the pools: MaxPool, AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool.
+"""Fission rules of the pools: MaxPool, AveragePool, LpPool and the global pools.
 
 A pool is one ``MAX_POOL`` or ``AVG_POOL`` primitive with every window
 parameter explicit: ``auto_pad`` is resolved to pads, and ``ceil_mode`` becomes
@@ -9,7 +9,7 @@ spec and PyTorch say). The extra padding never counts as an element: for
 pads are zeros written by a ``PAD`` (real elements to the pool) and the pool
 then divides by the count of real elements. LpPool is the p-th root of a
 window sum, the sum an average times the kernel size. The global pools are
-``REDUCE_MEAN``/``REDUCE_MAX`` over the spatial axes with ``keepdims``.
+``REDUCE_MEAN``/``REDUCE_MAX``/``REDUCE_SUM`` over the spatial axes with ``keepdims``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ def _window(b: Builder, x: str, kernel_shape, auto_pad, pads, strides, dilations
     if resolved is None:
         return None
     extra = [0] * k
-    # SAME_* outputs have ceil(in / stride) elements whatever ceil_mode says (spec, shape inference and ORT agree)
+    # SAME_* outputs have ceil(in / stride) elements whatever ceil_mode says (spec, shape inference and ORT
+    # agree); VALID keeps its partial windows under ceil_mode as ORT and shape inference do (the spec's
+    # VALID formula would drop them)
     if ceil_mode and auto_pad in ("NOTSET", "VALID"):
         for i, (size, kk, s, d) in enumerate(zip(sizes, kernel, strides, dilations)):
             begin, end = resolved[i], resolved[k + i]
@@ -64,20 +66,10 @@ def _window(b: Builder, x: str, kernel_shape, auto_pad, pads, strides, dilations
     return _Window(kernel, strides, dilations, tuple(resolved), tuple(extra))
 
 
-def _wants_indices(b: Builder) -> bool:
-    """Whether the node asks for its second output (MaxPool's Indices).
-
-    Needs the builder to know the node's output names (``Builder.outputs``);
-    without them a requested Indices stays unbound and fails loudly in fission.
-    """
-    outputs = getattr(b, "outputs", None)
-    return bool(outputs and len(outputs) > 1 and outputs[1])
-
-
 def _max_pool(b: Builder, x, kernel_shape, auto_pad="NOTSET", pads=None, strides=None, dilations=None,
               ceil_mode=0):
-    if _wants_indices(b):
-        return NotImplemented  # argmax positions are not a primitive
+    if b.num_outputs > 1:
+        return NotImplemented  # Indices: argmax positions are not a primitive
     w = _window(b, x, kernel_shape, auto_pad, pads, strides, dilations, ceil_mode)
     if w is None:
         return NotImplemented
@@ -138,21 +130,31 @@ def AveragePool(b: Builder, x, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, 
     return _average_pool(b, x, kernel_shape, auto_pad, pads, strides, dilations, ceil_mode, count_include_pad)
 
 
+def _power(b: Builder, x: str, p: int) -> str:
+    """``|x|^p``."""
+    if p == 2:
+        return b.mul(x, x)
+    magnitude = b.emit(Op.ABS, x)
+    return magnitude if p == 1 else b.emit(Op.POW, magnitude, b.scalar(p, like=x))
+
+
+def _root(b: Builder, total: str, p: int) -> str:
+    """``total^(1/p)``."""
+    if p == 1:
+        return total
+    if p == 2:
+        return b.emit(Op.SQRT, total)
+    return b.emit(Op.POW, total, b.scalar(1.0 / p, like=total))
+
+
 def _lp_pool(b: Builder, x, kernel_shape, p, auto_pad="NOTSET", pads=None, strides=None, dilations=None,
              ceil_mode=0):
     w = _window(b, x, kernel_shape, auto_pad, pads, strides, dilations, ceil_mode)
     if w is None or p <= 0:
         return NotImplemented
-    powered = b.mul(x, x) if p == 2 else b.emit(Op.ABS, x) if p == 1 else \
-        b.emit(Op.POW, b.emit(Op.ABS, x), b.scalar(p, like=x))
     # pads are zeros to the sum; an average over the whole kernel, times its size, is the sum
-    mean = b.emit(Op.AVG_POOL, powered, count_include_pad=1, **w.attrs(w.padded))
-    total = b.mul(mean, b.scalar(math.prod(w.kernel), like=x))
-    if p == 1:
-        return total
-    if p == 2:
-        return b.emit(Op.SQRT, total)
-    return b.emit(Op.POW, total, b.scalar(1.0 / p, like=x))
+    mean = b.emit(Op.AVG_POOL, _power(b, x, p), count_include_pad=1, **w.attrs(w.padded))
+    return _root(b, b.mul(mean, b.scalar(math.prod(w.kernel), like=x)), p)
 
 
 @fission_rule("LpPool", since=1)
@@ -180,3 +182,12 @@ def GlobalAveragePool(b: Builder, x):
 def GlobalMaxPool(b: Builder, x):
     axes = _spatial_axes(b, x)
     return b.reduce(Op.REDUCE_MAX, x, axes, keepdims=True) if axes else b.copy(x)
+
+
+@fission_rule("GlobalLpPool", since=2)
+def GlobalLpPool(b: Builder, x, *, p=2):
+    if p <= 0:
+        return NotImplemented
+    axes = _spatial_axes(b, x)
+    powered = _power(b, x, p)
+    return _root(b, b.reduce(Op.REDUCE_SUM, powered, axes, keepdims=True) if axes else powered, p)

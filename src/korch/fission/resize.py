@@ -13,6 +13,7 @@ linear and cubic kernels by 1/scale.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -96,6 +97,10 @@ def axis_filter(size_in: int, size_out: int, scale: float, roi: tuple[float, flo
     ``outside`` flags the outputs that tf_crop_and_resize sets to the extrapolation value.
     """
     x = _source_coords(coordinate_mode, size_in, size_out, scale, roi)
+    # Snap float64 noise (1.0000000000000002) onto the integer or half it stands for: nearest's
+    # rounding at ties, and which taps count, must not depend on it.
+    halves = np.round(2 * x) / 2
+    x = np.where(np.abs(x - halves) <= 1e-9 * np.maximum(1.0, np.abs(x)), halves, x)
     if mode == "nearest":
         indices, weights = _nearest(x, nearest_mode, scale)
     else:
@@ -141,38 +146,40 @@ def separable_filter(b: Builder, x: str, axis: int, indices: np.ndarray, weights
     return b.reduce(Op.REDUCE_SUM, b.mul(taps, b.const(w)), [axis + 1], keepdims=False)
 
 
-def _resize(b: Builder, x: str, scales, sizes, roi, *, axes=None, mode="nearest",
-            coordinate_transformation_mode="half_pixel", nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75,
-            exclude_outside=0, extrapolation_value=0.0, antialias=0, keep_aspect_ratio_policy="stretch") -> str:
-    shape = b.shape(x)
-    rank = len(shape)
-    axes = list(range(rank)) if axes is None else [normalize_axes([a], rank)[0] for a in axes]
-    scale = [1.0] * rank
-    size = list(shape)
+def _target(shape, axes, scales, sizes, policy) -> tuple[list[float], list[int]]:
+    """Per-axis scale and output size, from ``sizes`` (under the aspect-ratio policy) or ``scales``."""
+    scale, size = [1.0] * len(shape), list(shape)
     if sizes is not None and sizes.size:
         given = {a: int(s) for a, s in zip(axes, sizes.reshape(-1), strict=True)}
         ratios = {a: given[a] / shape[a] for a in axes}
-        if keep_aspect_ratio_policy == "stretch":
+        if policy == "stretch":
             for a in axes:
                 scale[a], size[a] = ratios[a], given[a]
         else:
-            pick = min if keep_aspect_ratio_policy == "not_larger" else max
-            common = pick(ratios.values())
+            common = (min if policy == "not_larger" else max)(ratios.values())
             for a in axes:
-                scale[a], size[a] = common, int(common * shape[a] + 0.5)
+                scale[a], size[a] = common, int(common * shape[a] + 0.5)  # round half up
     elif scales is not None and scales.size:
         for a, s in zip(axes, scales.reshape(-1).tolist(), strict=True):
-            scale[a], size[a] = float(s), int(math.floor(float(s) * shape[a]))
+            scale[a], size[a] = _intended(s), int(math.floor(float(s) * shape[a]))
     else:
         raise ValueError("Resize needs scales or sizes")
-    box = {a: (0.0, 1.0) for a in range(rank)}
-    if roi is not None and roi.size and coordinate_transformation_mode == "tf_crop_and_resize":
-        flat = roi.reshape(-1).astype(np.float64).tolist()
-        box.update({a: (flat[i], flat[len(axes) + i]) for i, a in enumerate(axes)})
+    return scale, size
 
-    mode = {"bilinear": "linear", "trilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+
+def _resize(b: Builder, x: str, scales, sizes, roi, *, axes=None, mode="nearest",
+            coordinate_transformation_mode="half_pixel", nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75,
+            exclude_outside=0, extrapolation_value=0.0, antialias=0, keep_aspect_ratio_policy="stretch") -> str:
     if mode not in ("nearest", "linear", "cubic"):
-        return NotImplemented
+        raise ValueError(f"unknown Resize mode {mode!r}")
+    shape = b.shape(x)
+    rank = len(shape)
+    axes = list(range(rank)) if axes is None else [normalize_axes([a], rank)[0] for a in axes]
+    scale, size = _target(shape, axes, scales, sizes, keep_aspect_ratio_policy)
+    box = {a: (0.0, 1.0) for a in range(rank)}
+    if roi is not None and coordinate_transformation_mode == "tf_crop_and_resize":
+        flat = roi.reshape(-1).astype(np.float64).tolist()
+        box.update({a: (flat[i], flat[len(axes) + i]) for i, a in enumerate(axes) if flat})
     work_dtype = b.dtype(x)
     out = x
     for a in axes:
@@ -183,7 +190,8 @@ def _resize(b: Builder, x: str, scales, sizes, roi, *, axes=None, mode="nearest"
             nearest_mode=nearest_mode, cubic_coeff_a=cubic_coeff_a, exclude_outside=bool(exclude_outside),
             antialias=bool(antialias) and mode != "nearest")
         if not (indices.shape[1] == 1 and np.all(weights == 1)) and b.dtype(out) not in ("float32", "float64"):
-            out = b.cast(out, "float32")  # weighted sums of ints and halves are computed in float32
+            # weighted sums of halves run in float32, of integers in float64 (rounded once, at the end)
+            out = b.cast(out, "float32" if b.dtype(out) == "float16" else "float64")
         out = separable_filter(b, out, a, indices, weights)
         if outside.any():
             mask = b.const(outside.reshape((-1,) + (1,) * (rank - a - 1)))
@@ -195,6 +203,17 @@ def _resize(b: Builder, x: str, scales, sizes, roi, *, axes=None, mode="nearest"
             out = b.minimum(b.maximum(out, b.scalar(info.min, like=out)), b.scalar(info.max, like=out))
         out = b.cast(out, work_dtype)
     return b.copy(x) if out == x else out
+
+
+def _intended(scale: float) -> float:
+    """The simple ratio a float32 scale stands for (1/3 for 0.33333334), else the scale itself.
+
+    Source coordinates use it, so that ``y / scale`` lands exactly on the ties
+    the model means (ONNX Runtime gets there by float32 rounding); output sizes
+    keep the spec's floor(size * scale) with the stored value.
+    """
+    ratio = Fraction(scale).limit_denominator(1 << 10)
+    return float(ratio) if np.float32(float(ratio)) == np.float32(scale) else float(scale)
 
 
 def _array(b: Builder, name: str | None) -> np.ndarray | None:

@@ -23,6 +23,10 @@ from korch.runtime import reference
 
 # Handled by the frontend (folded or removed), not by a fission rule.
 FRONTEND_OPS = frozenset({"Constant", "Identity", "Dropout", "Shape", "Size", "ConstantOfShape"})
+# Cases whose expected values the onnx package writes rounded: compared at the precision they are written in.
+ROUNDED_EXPECTATIONS = {
+    "test_averagepool_2d_ceil_last_window_starts_on_pad": (0.0, 1e-4),  # written with 4 decimals
+}
 TOLERANCE = {"float32": (1e-4, 1e-5), "float16": (1e-3, 1e-3), "float64": (1e-7, 1e-9)}
 
 
@@ -80,13 +84,13 @@ def _pin_constant_inputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -
     return model
 
 
-def _compare(name: str, got: np.ndarray, want: np.ndarray) -> str | None:
+def _compare(name: str, got: np.ndarray, want: np.ndarray, tolerance: tuple[float, float] | None = None) -> str | None:
     if got.shape != want.shape:
         return f"{name}: shape {got.shape} != {want.shape}"
     if got.dtype != want.dtype:
         return f"{name}: dtype {got.dtype} != {want.dtype}"
     if want.dtype.kind in "fc":
-        rtol, atol = TOLERANCE.get(want.dtype.name, (1e-4, 1e-5))
+        rtol, atol = tolerance or TOLERANCE.get(want.dtype.name, (1e-4, 1e-5))
         if not np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True):
             err = np.nanmax(np.abs(got.astype(np.float64) - want.astype(np.float64)))
             return f"{name}: max abs error {err:.3g}"
@@ -122,7 +126,7 @@ def run_case(case) -> list[Outcome]:
             outcomes.append(Outcome(label, op, "failed", f"{type(exc).__name__}: {exc}"))
             continue
         problems = [p for vi, want in zip(model.graph.output, outputs)
-                    if (p := _compare(vi.name, got[vi.name], _as_array(want, vi)))]
+                    if (p := _compare(vi.name, got[vi.name], _as_array(want, vi), ROUNDED_EXPECTATIONS.get(case.name)))]
         outcomes.append(Outcome(label, op, "failed" if problems else "passed", "; ".join(problems)))
     return outcomes
 

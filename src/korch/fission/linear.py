@@ -28,8 +28,9 @@ def explicit_pads(auto_pad: str, pads: Sequence[int] | None, sizes: Sequence[int
     """ONNX (begins..., ends...) pads of a convolution or pool window; None for an unknown ``auto_pad``.
 
     SAME_* pads so that the output has ``ceil(in / stride)`` elements, the odd one
-    at the end (UPPER) or the beginning (LOWER); a negative total needs no
-    padding (ONNX Runtime and the reference then start the windows at 0 too).
+    at the end (UPPER) or the beginning (LOWER), measuring the dilated kernel as
+    the spec says (ORT's pools use the undilated one; its Conv refuses dilations
+    there). A negative total pads nothing, as ORT's Conv does.
     """
     k = len(sizes)
     if auto_pad == "NOTSET":

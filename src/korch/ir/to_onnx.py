@@ -21,6 +21,7 @@ from korch.ir.graph import Graph, Node
 from korch.ir.ops import Op
 
 _INT64_MIN = np.iinfo(np.int64).min
+_GLOBAL_POOL = {Op.REDUCE_MEAN: "GlobalAveragePool", Op.REDUCE_MAX: "GlobalMaxPool"}
 
 
 def decode_opaque(node: Node) -> onnx.NodeProto:
@@ -71,12 +72,13 @@ class _Writer:
             self.emit("Mod", x, out, name, fmod=a["fmod"])
         elif op in ops.ELEMENTWISE:
             self.emit(op.value, x, out, name)
+        elif op in _GLOBAL_POOL and a["keepdims"] and a["axes"] == tuple(range(2, self.graph.tensors[x[0]].rank)):
+            # the same meaning; ONNX Runtime sums in the same order as for the original model's global pools
+            self.emit(_GLOBAL_POOL[op], x, out, name)
         elif op in ops.REDUCE:
             self.emit(op.value, [x[0], self.ints(name, a["axes"])], out, name, keepdims=int(a["keepdims"]))
         elif op in ops.WINDOW:
-            extra = {"count_include_pad": int(a["count_include_pad"])} if op is Op.AVG_POOL else {}
-            self.emit(op.value, x, out, name, kernel_shape=list(a["kernel"]), strides=list(a["strides"]),
-                      pads=list(a["pads"]), dilations=list(a["dilations"]), **extra)
+            self._pool(node)
         elif op is Op.TRANSPOSE:
             self.emit("Transpose", x, out, name, perm=list(a["perm"]))
         elif op is Op.RESHAPE:
@@ -130,6 +132,24 @@ class _Writer:
             for i, name in enumerate(inner.input):
                 inner.input[i] = rename.get(name, name)
             self.nodes.append(inner)
+
+    def _pool(self, node: Node) -> None:
+        a, x, name = node.attrs, node.inputs[0], node.name or node.outputs[0]
+        pads, k = list(a["pads"]), len(a["kernel"])
+        spans = [d * (kk - 1) + 1 for d, kk in zip(a["dilations"], a["kernel"])]
+        extra = {"count_include_pad": int(a["count_include_pad"])} if node.op is Op.AVG_POOL else {}
+        explicit = node.op is Op.MAX_POOL or a["count_include_pad"]
+        if explicit and any(p >= spans[i % k] for i, p in enumerate(pads)):
+            # ONNX Runtime refuses pads as wide as the window: pad first (-inf for max, 0 for counted average)
+            t = self.graph.tensors[x]
+            fill = -np.inf if node.op is Op.MAX_POOL and dtypes.is_float(t.dtype) else (
+                np.iinfo(t.dtype).min if node.op is Op.MAX_POOL else 0)
+            padded = f"{name}__padded"
+            full = [0, 0] + pads[:k] + [0, 0] + pads[k:]
+            self.emit("Pad", [x, self.ints(name, full), self.const(name, np.array(fill, dtype=t.dtype))], [padded], padded)
+            x, pads = padded, [0] * (2 * k)
+        self.emit(node.op.value, [x], node.outputs, name, kernel_shape=list(a["kernel"]), strides=list(a["strides"]),
+                  pads=pads, dilations=list(a["dilations"]), **extra)
 
     def _slice(self, node: Node) -> None:
         a = node.attrs

@@ -136,11 +136,10 @@ class _Writer:
     def _pool(self, node: Node) -> None:
         a, x, name = node.attrs, node.inputs[0], node.name or node.outputs[0]
         pads, k = list(a["pads"]), len(a["kernel"])
-        spans = [d * (kk - 1) + 1 for d, kk in zip(a["dilations"], a["kernel"])]
         extra = {"count_include_pad": int(a["count_include_pad"])} if node.op is Op.AVG_POOL else {}
         explicit = node.op is Op.MAX_POOL or a["count_include_pad"]
-        if explicit and any(p >= spans[i % k] for i, p in enumerate(pads)):
-            # ONNX Runtime refuses pads as wide as the window: pad first (-inf for max, 0 for counted average)
+        if explicit and any(p >= a["kernel"][i % k] for i, p in enumerate(pads)):
+            # ONNX Runtime refuses pads as wide as the kernel: pad first (-inf for max, 0 for counted average)
             t = self.graph.tensors[x]
             fill = -np.inf if node.op is Op.MAX_POOL and dtypes.is_float(t.dtype) else (
                 np.iinfo(t.dtype).min if node.op is Op.MAX_POOL else 0)

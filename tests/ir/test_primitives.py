@@ -156,9 +156,8 @@ def test_builder_folds_constants_and_shares_small_ones():
     assert b.scalar(0.5, like="x") == b.scalar(0.5, like="x")
 
 
-@pytest.mark.parametrize("op,extra", [(Op.MAX_POOL, {}), (Op.AVG_POOL, {"count_include_pad": 1})])
-def test_pool_with_pads_as_wide_as_the_window_exports(op, extra):
+def test_max_pool_with_pads_as_wide_as_the_kernel_exports():
     # ceil_mode in a model can leave an end pad as wide as the dilated window, which ONNX Runtime refuses
     g, b = _graph(("x", (1, 2, 7, 7), "float32"))
-    out = b.emit(op, "x", kernel=(2, 2), strides=(3, 3), pads=(0, 0, 3, 3), dilations=(2, 2), **extra)
+    out = b.emit(Op.MAX_POOL, "x", kernel=(2, 2), strides=(3, 3), pads=(0, 0, 3, 3), dilations=(2, 2))
     _check_against_ort(g, out)

@@ -137,12 +137,11 @@ class _Writer:
         a, x, name = node.attrs, node.inputs[0], node.name or node.outputs[0]
         pads, k = list(a["pads"]), len(a["kernel"])
         extra = {"count_include_pad": int(a["count_include_pad"])} if node.op is Op.AVG_POOL else {}
-        explicit = node.op is Op.MAX_POOL or a["count_include_pad"]
-        if explicit and any(p >= a["kernel"][i % k] for i, p in enumerate(pads)):
-            # ONNX Runtime refuses pads as wide as the kernel: pad first (-inf for max, 0 for counted average)
+        # (an average pool gets no such pad: ONNX Runtime's pad fusion would fold a zero Pad straight back)
+        if node.op is Op.MAX_POOL and any(p >= a["kernel"][i % k] for i, p in enumerate(pads)):
+            # ONNX Runtime refuses pads as wide as the kernel: pad with -inf first
             t = self.graph.tensors[x]
-            fill = -np.inf if node.op is Op.MAX_POOL and dtypes.is_float(t.dtype) else (
-                np.iinfo(t.dtype).min if node.op is Op.MAX_POOL else 0)
+            fill = -np.inf if dtypes.is_float(t.dtype) else np.iinfo(t.dtype).min
             padded = f"{name}__padded"
             full = [0, 0] + pads[:k] + [0, 0] + pads[k:]
             self.emit("Pad", [x, self.ints(name, full), self.const(name, np.array(fill, dtype=t.dtype))], [padded], padded)

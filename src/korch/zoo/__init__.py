@@ -13,11 +13,14 @@ No pretrained weights: every weight is random, drawn after
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -203,6 +206,25 @@ def output_names(count: int) -> list[str]:
     return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
 
 
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Silence the exporter's noise that is no concern of ours.
+
+    It warns, once per export, that torchvision's operators cannot be
+    registered (torchvision is not installed), and emits a FutureWarning from
+    torch's own pytree code.
+    """
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def export(name: str, path: str | os.PathLike | None = None, *, seed: int = 0) -> Path:
     """Export ``name`` (weights from ``seed``) to an ONNX file and return its path.
 
@@ -220,16 +242,17 @@ def export(name: str, path: str | os.PathLike | None = None, *, seed: int = 0) -
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent)
     os.close(fd)
     try:
-        torch.onnx.export(
-            model,
-            inputs,
-            tmp,
-            dynamo=True,
-            input_names=list(spec.input_shapes),
-            output_names=output_names(_NUM_OUTPUTS.get(name, 1)),
-            external_data=False,
-            verbose=False,
-        )
+        with _quiet_exporter():
+            torch.onnx.export(
+                model,
+                inputs,
+                tmp,
+                dynamo=True,
+                input_names=list(spec.input_shapes),
+                output_names=output_names(_NUM_OUTPUTS.get(name, 1)),
+                external_data=False,
+                verbose=False,
+            )
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ConvNormAct", "SelfAttention", "randomize", "same_padding"]
+__all__ = ["ConvNormAct", "SelfAttention", "interpolate_nearest", "randomize", "same_padding"]
 
 
 def same_padding(kernel_size: int) -> int:
@@ -97,37 +97,40 @@ class SelfAttention(nn.Module):
 # Ranges of the uniform draws of norm layers' affine parameters.
 NORM_SCALE = (0.5, 1.5)
 NORM_SHIFT = (-0.2, 0.2)
-# BatchNorm shifts are positive: with unit-variance, zero-mean pre-activations
-# each ReLU-like layer of a random net amplifies a relative perturbation by
-# about 1.2x, and over YOLOv4's ~100 conv layers fp32 rounding alone then
-# reaches 3e-4 of the output scale (against float64), too much to compare two
-# runtimes at rtol 1e-3. A shift of U(0, 1) scales keeps about a third of the
-# units below zero but brings that error to ~3e-5.
+# BatchNorm shifts are positive by default: with zero-mean, unit-variance
+# pre-activations each ReLU-like layer of a random net amplifies a relative
+# perturbation by about 1.2x, and over YOLOv4's ~100 conv layers fp32 rounding
+# alone reaches 3e-4 of the output scale (against float64), too much to compare
+# two runtimes at rtol 1e-3. Shifts of U(0, 1) keep about a third of the units
+# below zero and bring that error to ~3e-5. A model overrides the range with a
+# ``bn_shift`` attribute.
 BN_SHIFT = (0.0, 1.0)
+
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
 _AFFINE_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.InstanceNorm2d, nn.LayerNorm, nn.GroupNorm)
 
 
 @torch.no_grad()
-def randomize(model: nn.Module, calibration_input: tuple[torch.Tensor, ...] | None = None) -> nn.Module:
+def randomize(model: nn.Module, calibration_input: tuple[torch.Tensor, ...]) -> nn.Module:
     """Give ``model``'s norm layers seeded, non-trivial parameters; return it in eval mode.
 
     Convolutions and linears keep torch's default (seeded) initialization.
-    Every affine norm gets a scale drawn from U(0.5, 1.5) and a shift from
-    U(-0.2, 0.2). BatchNorm running statistics are then *calibrated*: one
-    forward pass in training mode on ``calibration_input`` sets them to the
-    batch statistics. Random statistics would not do: without a normalizing
-    layer in eval mode, deep stacks of default-initialized convs (YOLOv4 has
-    over a hundred) drift the activation scale by a constant factor per layer,
-    to zero or to overflow. Calibrated statistics are data dependent, so the
-    normalization is still far from the identity.
+    Every affine norm gets a scale drawn from ``NORM_SCALE`` and a shift from
+    ``NORM_SHIFT`` (``BN_SHIFT`` for BatchNorms). BatchNorm running statistics
+    are then *calibrated*: one forward pass in training mode on
+    ``calibration_input`` sets them to that batch's statistics. Random
+    statistics would not do: with no normalization left in eval mode, deep
+    stacks of default-initialized convs (YOLOv4 has over a hundred) scale the
+    activations by a roughly constant factor per layer, to zero or to overflow.
+    Calibrated statistics are data dependent, far from the identity.
     """
+    bn_shift = getattr(model, "bn_shift", BN_SHIFT)
     for module in model.modules():
-        if isinstance(module, _AFFINE_NORMS) and getattr(module, "weight", None) is not None:
+        if isinstance(module, _AFFINE_NORMS) and module.weight is not None:
             module.weight.uniform_(*NORM_SCALE)
-            module.bias.uniform_(*(BN_SHIFT if isinstance(module, _BATCH_NORMS) else NORM_SHIFT))
+            module.bias.uniform_(*(bn_shift if isinstance(module, _BATCH_NORMS) else NORM_SHIFT))
     batch_norms = [m for m in model.modules() if isinstance(m, _BATCH_NORMS)]
-    if batch_norms and calibration_input is not None:
+    if batch_norms:
         model.eval()
         saved = [m.momentum for m in batch_norms]
         for m in batch_norms:
@@ -137,10 +140,6 @@ def randomize(model: nn.Module, calibration_input: tuple[torch.Tensor, ...] | No
         model(*calibration_input)
         for m, momentum in zip(batch_norms, saved):
             m.momentum = momentum
-    elif batch_norms:
-        for m in batch_norms:
-            m.running_mean.uniform_(-0.2, 0.2)
-            m.running_var.uniform_(0.5, 1.5)
     return model.eval()
 
 

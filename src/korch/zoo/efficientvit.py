@@ -187,6 +187,12 @@ class SegHead(nn.Module):
 class EfficientViTSeg(nn.Module):
     """Image -> per-pixel class logits at stride 8."""
 
+    # BatchNorm shifts for ``common.randomize``: centred, not the positive
+    # default. Positive shifts leave a few pixels whose relu(q) is nearly zero,
+    # where the attention's normalizer is 1e-5 of its median and the division
+    # turns fp32 rounding into 1e-3 output errors.
+    bn_shift = (-0.2, 0.2)
+
     def __init__(self) -> None:
         super().__init__()
         self.backbone = Backbone()

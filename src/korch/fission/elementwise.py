@@ -109,7 +109,10 @@ def _negative(b: Builder, x: str) -> str:
 
 @fission_rule("LeakyRelu", since=6)
 def LeakyRelu(b: Builder, x, *, alpha=0.01):
-    return b.where(_negative(b, x), b.mul(x, b.scalar(alpha, like=x)), x)
+    scaled = b.mul(x, b.scalar(alpha, like=x))
+    if 0 <= alpha <= 1:
+        return b.maximum(x, scaled)  # x >= alpha*x exactly when x >= 0
+    return b.where(_negative(b, x), scaled, x)
 
 
 @fission_rule("PRelu", since=7)
@@ -159,15 +162,7 @@ def HardSwish(b: Builder, x):
     return b.mul(x, _hard_sigmoid(b, x, 1 / 6, 0.5))
 
 
-def _softplus(b: Builder, x: str) -> str:
-    # log(1 + e^x) = max(x, 0) + log(1 + e^-|x|): no overflow for large x
-    tail = b.emit(Op.LOG, b.add(b.emit(Op.EXP, b.emit(Op.NEG, b.emit(Op.ABS, x))), b.scalar(1, like=x)))
-    return b.add(b.emit(Op.RELU, x), tail)
-
-
-@fission_rule("Softplus", since=1)
-def Softplus(b: Builder, x):
-    return _softplus(b, x)
+_unary("Softplus", Op.SOFTPLUS, since=1)
 
 
 @fission_rule("Softsign", since=1)
@@ -177,7 +172,7 @@ def Softsign(b: Builder, x):
 
 @fission_rule("Mish", since=18)
 def Mish(b: Builder, x):
-    return b.mul(x, b.emit(Op.TANH, _softplus(b, x)))
+    return b.mul(x, b.emit(Op.TANH, b.emit(Op.SOFTPLUS, x)))
 
 
 @fission_rule("Gelu", since=20)

@@ -22,7 +22,7 @@ Semantics by op (``x``, ``y``, ``z``: inputs; ``out``: the single output):
 
 Elementwise unary: ``NEG -x``, ``ABS |x|``, ``EXP e^x``, ``LOG ln x``,
 ``SQRT``, ``RECIPROCAL 1/x``, ``TANH``, ``ERF``, ``SIGMOID 1/(1+e^-x)``,
-``RELU max(x, 0)``, ``FLOOR``, ``CEIL``, ``ROUND`` (half to even), ``SIGN``,
+``RELU max(x, 0)``, ``SOFTPLUS ln(1 + e^x)`` (computed without overflow), ``FLOOR``, ``CEIL``, ``ROUND`` (half to even), ``SIGN``,
 ``NOT`` (bool), ``SIN``, ``COS``, ``ISNAN``, ``ISINF``.
 Elementwise binary: ``ADD SUB MUL DIV POW MAX MIN MOD``; comparisons
 ``EQUAL LESS LESS_EQUAL GREATER GREATER_EQUAL``; logic ``AND OR XOR`` (bool).
@@ -101,6 +101,7 @@ class Op(enum.Enum):
     ERF = "Erf"
     SIGMOID = "Sigmoid"
     RELU = "Relu"
+    SOFTPLUS = "Softplus"
     FLOOR = "Floor"
     CEIL = "Ceil"
     ROUND = "Round"
@@ -164,7 +165,7 @@ class Op(enum.Enum):
 
 UNARY = frozenset({
     Op.NEG, Op.ABS, Op.EXP, Op.LOG, Op.SQRT, Op.RECIPROCAL, Op.TANH, Op.ERF, Op.SIGMOID,
-    Op.RELU, Op.FLOOR, Op.CEIL, Op.ROUND, Op.SIGN, Op.NOT, Op.SIN, Op.COS, Op.ISNAN, Op.ISINF,
+    Op.RELU, Op.SOFTPLUS, Op.FLOOR, Op.CEIL, Op.ROUND, Op.SIGN, Op.NOT, Op.SIN, Op.COS, Op.ISNAN, Op.ISINF,
 })
 COMPARISON = frozenset({Op.EQUAL, Op.LESS, Op.LESS_EQUAL, Op.GREATER, Op.GREATER_EQUAL})
 LOGICAL = frozenset({Op.AND, Op.OR, Op.XOR})

@@ -18,12 +18,19 @@ from korch.ir import dtypes
 from korch.ir.graph import Node
 
 
+_MAX_IR_VERSION = 10
+
+
 def session(model: onnx.ModelProto | bytes | str, optimize: bool = True) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if isinstance(model, onnx.ModelProto):
+        if model.ir_version > _MAX_IR_VERSION:
+            # onnx writes newer IR versions than ONNX Runtime reads; korch's models use nothing past 10
+            model = onnx.ModelProto.FromString(model.SerializeToString())
+            model.ir_version = _MAX_IR_VERSION
         model = model.SerializeToString()
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 

@@ -38,7 +38,7 @@ def _simple(op: Op, fn: Callable) -> None:
 for _op, _fn in {
     Op.NEG: torch.neg, Op.ABS: torch.abs, Op.EXP: torch.exp, Op.LOG: torch.log, Op.SQRT: torch.sqrt,
     Op.RECIPROCAL: torch.reciprocal, Op.TANH: torch.tanh, Op.ERF: torch.erf, Op.SIGMOID: torch.sigmoid,
-    Op.RELU: torch.relu, Op.FLOOR: torch.floor, Op.CEIL: torch.ceil, Op.ROUND: torch.round,
+    Op.RELU: torch.relu, Op.SOFTPLUS: F.softplus, Op.FLOOR: torch.floor, Op.CEIL: torch.ceil, Op.ROUND: torch.round,
     Op.SIGN: torch.sign, Op.NOT: torch.logical_not, Op.SIN: torch.sin, Op.COS: torch.cos,
     Op.ISNAN: torch.isnan, Op.ISINF: torch.isinf,
     Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.MAX: torch.maximum, Op.MIN: torch.minimum,

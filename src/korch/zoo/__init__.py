@@ -8,7 +8,7 @@ seeded example inputs, and exporting it to ONNX with a cache::
     path = export("candy")                # cached .onnx under config.cache_dir/zoo
 
 No pretrained weights: every weight is random, drawn after
-``torch.manual_seed(seed)``; see ``common.randomize`` for the norm layers.
+``torch.manual_seed(seed)``; ``common.randomize`` sets up the norm layers.
 """
 
 from __future__ import annotations
@@ -27,14 +27,15 @@ from torch import nn
 
 from korch import config
 from korch.errors import KorchError
+from korch.zoo import candy, efficientvit, segformer, transformer, yolov4, yolox
 from korch.zoo.common import randomize
 
 __all__ = ["ZOO_VERSION", "ZooModel", "build", "export", "get", "list_models"]
 
 # Bump when a model's definition, weights or export change: cached files carry it.
-ZOO_VERSION = 1
+ZOO_VERSION = 2
 
-# Spatial size of the input that calibrates BatchNorm statistics, at most:
+# Largest spatial side of the inputs that calibrate BatchNorm statistics:
 # statistics of convs over i.i.d. noise barely depend on the image size, and
 # calibrating EfficientViT at 2048x2048 would double its build time.
 _CALIBRATION_MAX_SIDE = 512
@@ -63,106 +64,104 @@ class _Entry:
     factory: Callable[[], nn.Module]
     # How each input is drawn: "image" U(0, 1), "normal" N(0, 1), "zeros".
     input_kinds: dict[str, str]
+    num_outputs: int = 1
 
 
-def _factories() -> dict[str, Callable[[], nn.Module]]:
-    from korch.zoo import candy, efficientvit, segformer, transformer, yolov4, yolox
+_IMAGE = {"image": "image"}
 
-    return {
-        "candy": candy.TransformerNet,
-        "efficientvit": efficientvit.EfficientViTSeg,
-        "yolov4": yolov4.YOLOv4,
-        "yolox_nano": yolox.YOLOX,
-        "segformer_b0": segformer.SegFormer,
-        "bert_layer": transformer.BertLayer,
-        "vit_block": transformer.ViTBlock,
-    }
-
-
-_MODELS: tuple[tuple[ZooModel, dict[str, str]], ...] = (
-    (
+_ENTRIES = (
+    _Entry(
         ZooModel(
             "candy",
             "fast neural style transfer network (Johnson et al. 2016; ONNX zoo candy-9)",
             {"image": (1, 3, 224, 224)},
             184,
         ),
-        {"image": "image"},
+        candy.TransformerNet,
+        _IMAGE,
     ),
-    (
+    _Entry(
         ZooModel(
             "efficientvit",
             "EfficientViT-B1 with its segmentation head, 19 classes (Cai et al., ICCV 2023)",
             {"image": (1, 3, 2048, 2048)},
             380,
         ),
-        {"image": "image"},
+        efficientvit.EfficientViTSeg,
+        _IMAGE,
     ),
-    (
+    _Entry(
         ZooModel(
             "yolov4",
             "YOLOv4, CSPDarknet53 + SPP + PANet, 1000 classes, raw heads (Bochkovskiy et al. 2020)",
             {"image": (1, 3, 416, 416)},
             569,
         ),
-        {"image": "image"},
+        yolov4.YOLOv4,
+        _IMAGE,
+        num_outputs=3,
     ),
-    (
+    _Entry(
         ZooModel(
             "yolox_nano",
             "YOLOX-Nano, 80 classes, with inference decode (Ge et al. 2021)",
             {"image": (1, 3, 416, 416)},
             367,
         ),
-        {"image": "image"},
+        yolox.YOLOX,
+        _IMAGE,
     ),
-    (
+    _Entry(
         ZooModel(
             "segformer_b0",
             "SegFormer-B0, MiT-B0 + all-MLP decoder, ADE20K 150 classes (Xie et al. 2021)",
             {"image": (1, 3, 512, 512)},
             672,
         ),
-        {"image": "image"},
+        segformer.SegFormer,
+        _IMAGE,
     ),
-    (
+    _Entry(
         ZooModel(
             "bert_layer",
-            "one BERT-base encoder layer, 128 tokens (Devlin et al. 2019)",
+            "one BERT-base encoder layer, 128 tokens, additive mask (Devlin et al. 2019)",
             {"hidden_states": (1, 128, 768), "attention_mask": (1, 1, 1, 128)},
             None,
         ),
+        transformer.BertLayer,
         {"hidden_states": "normal", "attention_mask": "zeros"},
     ),
-    (
+    _Entry(
         ZooModel(
             "vit_block",
             "one ViT-B/16 encoder block, 197 tokens (Dosovitskiy et al. 2021)",
             {"tokens": (1, 197, 768)},
             None,
         ),
+        transformer.ViTBlock,
         {"tokens": "normal"},
     ),
 )
 
-# Models with more than one output; the others have one.
-_NUM_OUTPUTS = {"yolov4": 3}
-
-_REGISTRY: dict[str, tuple[ZooModel, dict[str, str]]] = {m.name: (m, kinds) for m, kinds in _MODELS}
+_REGISTRY = {entry.model.name: entry for entry in _ENTRIES}
 
 
 def list_models() -> list[ZooModel]:
     """Every zoo model, in the Korch paper's order, then the single layers."""
-    return [m for m, _ in _MODELS]
+    return [entry.model for entry in _ENTRIES]
+
+
+def _entry(name: str) -> _Entry:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(_REGISTRY)
+        raise KorchError(f"unknown zoo model {name!r}; known: {known}") from None
 
 
 def get(name: str) -> ZooModel:
     """The zoo model called ``name``; a ``KorchError`` naming the known ones otherwise."""
-    try:
-        return _REGISTRY[name][0]
-    except KeyError:
-        known = ", ".join(_REGISTRY)
-        raise KorchError(f"unknown zoo model {name!r}; known: {known}") from None
+    return _entry(name).model
 
 
 def _draw(shape: tuple[int, ...], kind: str, generator: torch.Generator | None) -> torch.Tensor:
@@ -174,10 +173,10 @@ def _draw(shape: tuple[int, ...], kind: str, generator: torch.Generator | None) 
 
 
 def _calibration_shape(shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
-    batch = (_CALIBRATION_BATCH,) + shape[1:]
-    if kind != "image":
-        return batch
-    return batch[:2] + tuple(min(side, _CALIBRATION_MAX_SIDE) for side in shape[2:])
+    shape = (_CALIBRATION_BATCH,) + shape[1:]
+    if kind == "image":
+        shape = shape[:2] + tuple(min(side, _CALIBRATION_MAX_SIDE) for side in shape[2:])
+    return shape
 
 
 def build(name: str, *, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
@@ -186,18 +185,18 @@ def build(name: str, *, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, .
     The global torch RNG is seeded with ``seed`` for the construction and
     restored afterwards; the inputs come from their own generator.
     """
-    spec, kinds = _REGISTRY.get(name, (None, None))
-    if spec is None:
-        get(name)  # raises
+    entry = _entry(name)
+    shapes = entry.model.input_shapes
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = _factories()[name]()
+        model = entry.factory()
         calibration = tuple(
-            _draw(_calibration_shape(shape, kinds[key]), kinds[key], None) for key, shape in spec.input_shapes.items()
+            _draw(_calibration_shape(shape, entry.input_kinds[key]), entry.input_kinds[key], None)
+            for key, shape in shapes.items()
         )
         randomize(model, calibration)
     generator = torch.Generator().manual_seed(seed)
-    inputs = tuple(_draw(shape, kinds[key], generator) for key, shape in spec.input_shapes.items())
+    inputs = tuple(_draw(shape, entry.input_kinds[key], generator) for key, shape in shapes.items())
     return model, inputs
 
 
@@ -210,9 +209,9 @@ def output_names(count: int) -> list[str]:
 def _quiet_exporter() -> Iterator[None]:
     """Silence the exporter's noise that is no concern of ours.
 
-    It warns, once per export, that torchvision's operators cannot be
-    registered (torchvision is not installed), and emits a FutureWarning from
-    torch's own pytree code.
+    It warns, at every export, that torchvision's operators cannot be
+    registered (torchvision is not installed), and torch's own pytree code
+    raises a FutureWarning.
     """
     logger = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = logger.level
@@ -229,9 +228,11 @@ def export(name: str, path: str | os.PathLike | None = None, *, seed: int = 0) -
     """Export ``name`` (weights from ``seed``) to an ONNX file and return its path.
 
     Without ``path`` the file is cached under ``config.cache_dir / "zoo"`` and
-    reused when present. The file is written whole or not at all.
+    reused when present. The file is written whole or not at all. The export
+    is torch's dynamo exporter's, at its default opset, static shapes, weights
+    embedded.
     """
-    spec = get(name)
+    entry = _entry(name)
     if path is None:
         path = config.cache_dir / "zoo" / f"{name}-s{seed}-v{ZOO_VERSION}.onnx"
         if path.is_file():
@@ -248,11 +249,12 @@ def export(name: str, path: str | os.PathLike | None = None, *, seed: int = 0) -
                 inputs,
                 tmp,
                 dynamo=True,
-                input_names=list(spec.input_shapes),
-                output_names=output_names(_NUM_OUTPUTS.get(name, 1)),
+                input_names=list(entry.model.input_shapes),
+                output_names=output_names(entry.num_outputs),
                 external_data=False,
                 verbose=False,
             )
+        os.chmod(tmp, 0o644)  # mkstemp made it private
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)

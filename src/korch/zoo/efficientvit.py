@@ -29,16 +29,12 @@ HEAD_DIM = 16
 NUM_CLASSES = 19
 
 
-def _act(on: bool) -> nn.Module | None:
-    return nn.Hardswish() if on else None
-
-
 class DSConv(nn.Module):
     """Depthwise 3x3 (norm, act) then pointwise 1x1 (norm)."""
 
     def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
         super().__init__()
-        self.depth = ConvNormAct(cin, cin, 3, stride, groups=cin, act=_act(True))
+        self.depth = ConvNormAct(cin, cin, 3, stride, groups=cin, act=nn.Hardswish())
         self.point = ConvNormAct(cin, cout, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -56,8 +52,8 @@ class MBConv(nn.Module):
         super().__init__()
         mid = round(cin * expand)
         norm = not fewer_norm
-        self.inverted = ConvNormAct(cin, mid, 1, norm=norm, act=_act(True))
-        self.depth = ConvNormAct(mid, mid, 3, stride, groups=mid, norm=norm, act=_act(True))
+        self.inverted = ConvNormAct(cin, mid, 1, norm=norm, act=nn.Hardswish())
+        self.depth = ConvNormAct(mid, mid, 3, stride, groups=mid, norm=norm, act=nn.Hardswish())
         self.point = ConvNormAct(mid, cout, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -129,13 +125,13 @@ class EfficientViTBlock(nn.Sequential):
 
 
 class Backbone(nn.Module):
-    """EfficientViT-B1 backbone; returns the stage 2, 3 and 4 features (strides 8, 16, 32)."""
+    """EfficientViT-B1 backbone; returns the stage 4, 3 and 2 features (strides 32, 16, 8)."""
 
     def __init__(self) -> None:
         super().__init__()
         w0 = WIDTHS[0]
         self.stem = nn.Sequential(
-            ConvNormAct(3, w0, 3, 2, act=_act(True)),
+            ConvNormAct(3, w0, 3, 2, act=nn.Hardswish()),
             *[Residual(DSConv(w0, w0)) for _ in range(DEPTHS[0])],
         )
         stages: list[nn.Module] = []
@@ -158,19 +154,19 @@ class Backbone(nn.Module):
         for stage in self.stages:
             x = stage(x)
             features.append(x)
-        return features[1:]
+        return features[:0:-1]  # deepest first, the head's order
 
 
 class SegHead(nn.Module):
     """Project each feature to ``width`` channels, upsample to stride 8, sum, refine, classify."""
 
-    def __init__(self, in_channels=(64, 128, 256), factors=(1, 2, 4), width: int = 64, depth: int = 3) -> None:
+    def __init__(self, in_channels=(256, 128, 64), factors=(4, 2, 1), width: int = 64, depth: int = 3) -> None:
         super().__init__()
         self.factors = factors
         self.inputs = nn.ModuleList(ConvNormAct(c, width, 1) for c in in_channels)
         self.middle = nn.Sequential(*[Residual(MBConv(width, width)) for _ in range(depth)])
         self.output = nn.Sequential(
-            ConvNormAct(width, width * 4, 1, act=_act(True)),
+            ConvNormAct(width, width * 4, 1, act=nn.Hardswish()),
             ConvNormAct(width * 4, NUM_CLASSES, 1, norm=False),
         )
 

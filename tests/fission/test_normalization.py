@@ -3,10 +3,8 @@ odd shapes, optional outputs, and the primitive sequences that matter for fusion
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
-import onnx
 import pytest
 from onnx import helper, numpy_helper
 
@@ -16,6 +14,7 @@ from korch.frontend import load_onnx
 from korch.ir.graph import Graph, Tensor
 from korch.ir.ops import Op
 from korch.runtime import ort, reference
+from tests.fission.oracle import check_against_ort, lower as _lower
 
 
 def _model(op: str, inputs: dict[str, np.ndarray], opset: int, outputs=("y",), constants=None, out_types=None,
@@ -39,20 +38,7 @@ def _model(op: str, inputs: dict[str, np.ndarray], opset: int, outputs=("y",), c
     return model
 
 
-def _lower(model: onnx.ModelProto):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", OpaqueOperatorWarning)  # a fallback would hide a missing rule
-        return fission(load_onnx(model))
-
-
-def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rtol=1e-4, atol=1e-5):
-    graph = _lower(model)
-    got = reference.run(graph, feeds)
-    want = ort.run_model(model, feeds)
-    for name, value in want.items():
-        assert got[name].shape == value.shape, name
-        np.testing.assert_allclose(got[name], value, rtol=rtol, atol=atol, err_msg=name)
-    return graph
+_check = check_against_ort
 
 
 def _rand(*shape, seed=0, dtype=np.float32):

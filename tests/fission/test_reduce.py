@@ -3,17 +3,15 @@ keepdims, noop_with_empty_axes, integer inputs, and the max subtraction of Reduc
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from korch.fission import OpaqueOperatorWarning, fission
-from korch.frontend import load_onnx
 from korch.ir.ops import Op
-from korch.runtime import ort, reference
+from korch.runtime import reference
+from tests.fission.oracle import check_against_ort, lower as _lower
 
 REDUCTIONS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
               "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"]
@@ -40,19 +38,8 @@ def _model(op: str, x: np.ndarray, opset: int, axes=None, axes_as_input=False, *
     return model
 
 
-def _lower(model: onnx.ModelProto):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", OpaqueOperatorWarning)  # a fallback would hide a missing rule
-        return fission(load_onnx(model))
-
-
 def _check(model: onnx.ModelProto, x: np.ndarray, rtol=1e-4, atol=1e-5):
-    graph = _lower(model)
-    got = reference.run(graph, {"x": x})["y"]
-    want = ort.run_model(model, {"x": x})["y"]
-    assert got.shape == want.shape and got.dtype == want.dtype
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
-    return graph
+    return check_against_ort(model, {"x": x}, rtol, atol)
 
 
 def _positive_input(op: str, shape=(3, 5, 7), dtype=np.float32) -> np.ndarray:

@@ -3,7 +3,6 @@
 import warnings
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 

@@ -54,18 +54,16 @@ def IsInf(b: Builder, x, *, detect_negative=1, detect_positive=1):
 
 @fission_rule("Mod", since=10)
 def Mod(b: Builder, x, y, *, fmod=0):
-    if dtypes.is_float(b.dtype(x)) and not fmod:
-        return NotImplemented  # the spec requires fmod=1 for floats
     return b.emit(Op.MOD, x, y, fmod=int(fmod))
 
 
 @fission_rule("Pow", since=7)
 def Pow(b: Builder, x, y):
-    if b.dtype(y) != b.dtype(x):
-        if dtypes.is_int(b.dtype(x)) and dtypes.is_float(b.dtype(y)):
-            return NotImplemented  # int base, float exponent: no primitive keeps the fraction
-        y = b.cast(y, b.dtype(x))
-    return b.emit(Op.POW, x, y)
+    x_type, y_type = b.dtype(x), b.dtype(y)
+    if dtypes.is_int(x_type) and dtypes.is_float(y_type):
+        # the result has the base's type: compute in the exponent's, then truncate as ONNX does
+        return b.cast(b.emit(Op.POW, b.cast(x, y_type), y), x_type)
+    return b.emit(Op.POW, x, b.cast(y, x_type))
 
 
 @fission_rule("Where", since=9)

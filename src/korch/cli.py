@@ -1,4 +1,4 @@
-"""The ``korch`` command line: inspect, fission and zoo.
+"""The ``korch`` command line: inspect, fission, optimize and zoo.
 
 Every problem with the user's input ends the run with one line on stderr and
 exit status 2 (``KorchError``); warnings (opaque operators) print as one line
@@ -12,6 +12,7 @@ import json
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 from korch.errors import KorchError
 
@@ -85,6 +86,40 @@ def cmd_fission(args) -> int:
     return 0
 
 
+def cmd_optimize(args) -> int:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from korch.fsutil import atomic_write_bytes
+    from korch.optimize import optimize
+    from korch.orchestrate.report import render_markdown
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  transient=True, disable=args.quiet) as progress:
+        task = progress.add_task("starting", total=None)
+
+        def on_stage(name):
+            progress.update(task, description=name)
+
+        def on_segment(i, n):
+            progress.update(task, description=f"solve: segment {i + 1} of {n}")
+
+        result = optimize(args.model, target=args.target, cost=args.cost, time_limit=args.time_limit,
+                          cut_points=args.cut_points, input_shapes=_input_shapes(args.input_shape),
+                          max_kernel_nodes=args.max_kernel_nodes, on_stage=on_stage, on_segment=on_segment)
+    plan = result.plan
+    out = args.output
+    plan.save(out / "plan.json")
+    atomic_write_bytes(out / "report.md", render_markdown(plan, result.rejected).encode())
+    optimal = all(s.optimal for s in plan.segments)
+    print(f"{plan.model}: {len(result.graph.nodes)} primitives, {result.candidates} candidate kernels, "
+          f"{len(plan.segments)} segments -> {len(plan.kernels)} kernels, predicted "
+          f"{plan.predicted_latency_s * 1e3:.3f} ms on {plan.target} ({plan.cost_model}"
+          f"{', optimal' if optimal else ', NOT proven optimal'}); "
+          f"solver {result.stage_seconds.get('solve', 0):.1f} s, total {sum(result.stage_seconds.values()):.1f} s")
+    print(f"wrote {out / 'plan.json'} and {out / 'report.md'}")
+    return 0
+
+
 def cmd_zoo(args) -> int:
     from korch import zoo
 
@@ -120,6 +155,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="where to write the primitive graph (.onnx)")
     p.add_argument("--ir", metavar="OUT.json", help="also write korch's JSON form of the graph")
     p.set_defaults(run=cmd_fission)
+
+    p = sub.add_parser("optimize", help="choose the optimal kernels: writes OUTDIR/plan.json and a report")
+    model_args(p)
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="OUTDIR")
+    p.add_argument("--target", default="cpu", help="cpu, h100, h200, a100 or v100 (default: cpu)")
+    p.add_argument("--cost", default="roofline", help="roofline (lower bounds) or measured")
+    p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit in seconds (default: none)")
+    p.add_argument("--cut-points", metavar="FILE.toml", help="the Korch paper's cut points instead of automatic ones")
+    p.add_argument("--max-kernel-nodes", type=int, metavar="N", help="largest candidate kernel, in primitives")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    p.set_defaults(run=cmd_optimize)
 
     p = sub.add_parser("zoo", help="the bundled benchmark models")
     zsub = p.add_subparsers(dest="zoo_command", required=True)

@@ -35,6 +35,13 @@ export_opset: int = int(os.environ.get("KORCH_EXPORT_OPSET", "19"))
 # constant (an Expand of a weight to a batch, say).
 fold_max_elements: int = int(os.environ.get("KORCH_FOLD_MAX_ELEMENTS", str(1 << 24)))
 
+# Largest candidate kernel, in primitive nodes (the enumeration grows fast with it).
+max_kernel_nodes: int = int(os.environ.get("KORCH_MAX_KERNEL_NODES", "8"))
+
+# Segments larger than this many primitive nodes are cut further, even where a
+# cut drops candidate kernels that cross it (the report counts them).
+max_segment_nodes: int = int(os.environ.get("KORCH_MAX_SEGMENT_NODES", "400"))
+
 # Seed of every random input korch makes (checks, shape probes, benchmarks).
 seed: int = int(os.environ.get("KORCH_SEED", "0"))
 

@@ -1,7 +1,8 @@
 """Invariants of a primitive graph, checked after every stage (as tinygrad's ``spec.py``).
 
 ``verify(graph)`` raises ``IRError`` naming the first broken rule:
-every tensor is declared with a static shape and a supported dtype; nodes are in
+every tensor is declared with a static shape and a supported dtype; nodes have
+unique names and are in
 topological order and define each tensor once; every input of a node is a
 graph input, a constant or an earlier output; each non-opaque node's output
 type is what ``shapes.infer`` says; Gather indices are constants; graph outputs
@@ -27,6 +28,9 @@ def verify(graph: Graph) -> Graph:
         if t is None or t.shape != value.shape or t.dtype != value.dtype.name:
             raise IRError(f"constant {name!r} disagrees with its declaration")
 
+    names = [node.name for node in graph.nodes]
+    if not all(names) or len(set(names)) != len(names):
+        raise IRError("node names must be unique and non-empty (plans refer to nodes by name)")
     defined = set(graph.inputs) | set(graph.constants)
     if len(defined) != len(graph.inputs) + len(graph.constants):
         raise IRError("a graph input is also a constant")

@@ -1,0 +1,90 @@
+"""A plan: the kernels the orchestrator chose, in execution order, as plain JSON-able data.
+
+Each kernel names the primitive nodes it computes (by node name), the tensors
+it reads and writes, its canonical signature, and its cost, with whether that
+cost was measured or is the lower bound. Plans are written atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from korch.errors import KorchError
+from korch.fsutil import atomic_write_bytes
+
+FORMAT = "korch-plan"
+VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlannedKernel:
+    name: str                     # k0, k1, ... in execution order
+    nodes: tuple[str, ...]        # primitive node names, topological order
+    ops: str                      # readable form, e.g. "Conv+Add+Relu"
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    signature: str
+    cost_s: float                 # latency used by the solver
+    bound_s: float                # the lower bound of the cost model
+    measured: bool                # cost_s was measured (else it is the bound)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SegmentReport:
+    nodes: int
+    candidates: int
+    exact: bool
+    dropped: int
+    kernels: int
+    objective_s: float
+    seconds: float
+    optimal: bool
+    gap: float
+    cycle_cuts: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    model: str
+    target: str
+    cost_model: str
+    kernels: tuple[PlannedKernel, ...]
+    segments: tuple[SegmentReport, ...] = ()
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def predicted_latency_s(self) -> float:
+        return sum(k.cost_s for k in self.kernels)
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT, "version": VERSION, "model": self.model, "target": self.target,
+            "cost_model": self.cost_model, "predicted_latency_s": self.predicted_latency_s,
+            "stats": self.stats,
+            "segments": [dataclasses.asdict(s) for s in self.segments],
+            "kernels": [dataclasses.asdict(k) for k in self.kernels],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Plan":
+        if data.get("format") != FORMAT or data.get("version") != VERSION:
+            raise KorchError(f"not a {FORMAT} v{VERSION} document")
+        kernels = tuple(PlannedKernel(**{**k, "nodes": tuple(k["nodes"]), "inputs": tuple(k["inputs"]),
+                                          "outputs": tuple(k["outputs"])}) for k in data["kernels"])
+        return cls(model=data["model"], target=data["target"], cost_model=data["cost_model"], kernels=kernels,
+                   segments=tuple(SegmentReport(**s) for s in data["segments"]), stats=data.get("stats", {}))
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return atomic_write_bytes(path, json.dumps(self.to_json(), indent=1).encode())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Plan":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise KorchError(f"cannot read plan {path}: {exc}") from None
+        return cls.from_json(data)

@@ -1,0 +1,37 @@
+"""From a segment of the primitive graph to the solver's plain ``Problem``: tensors become ids.
+
+Given tensors (graph inputs, constants, and whatever earlier segments wrote)
+are always available; required tensors are the ones the segment writes for
+later segments or as graph outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from korch.ir import Graph
+from korch.orchestrate.candidates import CandidateSet
+from korch.orchestrate.partition import Segment
+from korch.orchestrate.solver import Problem
+
+
+def segment_problem(graph: Graph, candidates: CandidateSet, segment: Segment,
+                    costs: Sequence[float]) -> tuple[Problem, list[int]]:
+    """The segment's problem, and the global candidate id of each of its local candidates."""
+    inside = {out for i in segment.nodes for out in graph.nodes[i].outputs}
+    read_after = {t for i, node in enumerate(graph.nodes) if i not in segment.nodes for t in node.inputs}
+    required = sorted(t for t in inside if t in read_after or t in graph.outputs)
+    tensor_id: dict[str, int] = {}
+
+    def tid(name: str) -> int:
+        return tensor_id.setdefault(name, len(tensor_id))
+
+    ids = list(segment.candidate_ids)
+    needs, produces = [], []
+    for cid in ids:
+        cand = candidates.candidates[cid]
+        needs.append(tuple(tid(t) for t in cand.inputs if t in inside))
+        produces.append(tuple(tid(t) for t in cand.outputs))
+    problem = Problem(costs=tuple(costs[c] for c in ids), needs=tuple(needs), produces=tuple(produces),
+                      required=tuple(tid(t) for t in required))
+    return problem, ids

@@ -1,0 +1,62 @@
+"""The whole pipeline: every zoo model optimizes, and its plan run kernel by kernel computes the model."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from korch import zoo
+from korch.optimize import optimize
+from korch.orchestrate.plan import Plan
+from korch.runtime import reference
+from korch.runtime.ort import random_inputs
+from korch.runtime.plan_executor import run_plan
+from tests.models.test_models_match_ort import max_relative_error
+from tests.test_cli import assert_one_line_error, korch
+
+
+@pytest.mark.parametrize("name", [m.name for m in zoo.list_models()])
+def test_plan_executes_kernel_by_kernel_and_matches_the_model(name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = optimize(f"zoo:{name}", target="h100")
+    graph, plan = result.graph, result.plan
+    assert plan.kernels and all(s.optimal for s in plan.segments)
+    covered = {n for k in plan.kernels for n in k.nodes}
+    producers = {out for node in graph.nodes for out in node.outputs}
+    assert set(graph.outputs) <= {t for k in plan.kernels for t in k.outputs} and covered
+    feeds = random_inputs({n: (graph.tensors[n].shape, graph.tensors[n].dtype) for n in graph.inputs}, seed=2)
+    want = reference.run(graph, feeds)
+    got = run_plan(graph, Plan.from_json(json.loads(json.dumps(plan.to_json()))), feeds)
+    for out in graph.outputs:
+        assert max_relative_error(got[out], want[out]) <= 1e-5, out
+    assert producers
+
+
+def test_optimize_cli_writes_plan_and_report(tmp_path):
+    result = korch("optimize", "zoo:bert_layer", "-o", tmp_path / "out", "--target", "h100", "-q")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert plan["format"] == "korch-plan" and plan["kernels"]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Kernels in execution order" in report and "predicted latency" in report
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--target", "tpu9"], "tpu9"),
+    (["--time-limit", "0"], "time limit"),
+    (["--time-limit", "-3"], "time limit"),
+    (["--cut-points", "/nonexistent/cuts.toml"], "cuts.toml"),
+    (["--cost", "guess"], "guess"),
+])
+def test_optimize_bad_input_is_a_one_line_error(tmp_path, args, needle):
+    result = korch("optimize", "zoo:candy", "-o", tmp_path / "out", *args)
+    assert_one_line_error(result, needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreadable_cut_point_file(tmp_path):
+    bad = tmp_path / "cuts.toml"
+    bad.write_text("cut_points = [[[")
+    assert_one_line_error(korch("optimize", "zoo:candy", "-o", tmp_path / "out", "--cut-points", bad), "cuts.toml")

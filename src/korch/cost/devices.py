@@ -1,0 +1,146 @@
+"""The devices korch can cost kernels for: peak rates no kernel on them can beat.
+
+Each ``Device`` holds the ceilings the roofline lower bound (``cost/roofline.py``)
+divides work by. Every number is an upper limit of what the hardware can do
+(vendor peaks, dense, at the highest boost clock), never a typical rate, so
+that time = work / rate is a floor. Where a published figure is not such a
+limit (an FP32 rate that other pipes can add to, an L2 size the SXM part does
+not state), the entry says what it uses instead and why; docs/cost.md has the
+table with every source.
+
+The GPUs are a fixed table; the host CPU (``"cpu"``) is measured once by
+``cost/probe.py`` and cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from korch.errors import KorchError
+
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """Peak rates of one device; every rate is an upper bound, so work / rate is a lower bound on time."""
+
+    name: str
+    kind: str  # "gpu" | "cpu"
+    memory_bandwidth: float  # bytes/s of device memory (HBM, DRAM): reads and writes together
+    vector_flops: float  # FLOP/s of scalar/vector units on float32 (and every non-16-bit dtype)
+    matrix_flops: dict[str, float] = dataclasses.field(hash=False)  # dtype -> dense matmul/conv FLOP/s
+    launch_overhead: float = 0.0  # s: the least time any kernel takes, however little it does
+    source: str = ""  # where the numbers come from
+    half_vector_flops: float = 0.0  # FLOP/s of vector units on packed float16/bfloat16 (0: as float32)
+    cache_bytes: int = 0  # bytes of the last-level cache: kernel inputs it may hold, outputs it may absorb
+    cache_bandwidth: float = math.inf  # bytes/s through that cache (every byte a kernel moves passes it)
+
+    def vector_peak(self, dtype: str = "float32") -> float:
+        if dtype in HALF_DTYPES and self.half_vector_flops:
+            return max(self.half_vector_flops, self.vector_flops)
+        return self.vector_flops
+
+    def matrix_peak(self, dtype: str = "float32") -> float:
+        """The dtype's dense matrix rate; a dtype without one gets the fastest rate listed (still a ceiling)."""
+        if dtype in self.matrix_flops:
+            return self.matrix_flops[dtype]
+        return max(self.matrix_flops.values(), default=self.vector_flops)
+
+
+# Per-kernel floor on every GPU: the shortest time between two dependent kernels
+# replayed in a CUDA graph. A public measurement of no-op kernels chained in a
+# replayed graph gave about 0.58 us per node (ahrefs/ocannl issue 488, RTX 5070 Ti,
+# CUDA 13.3); datacenter parts are not faster at this. Half a microsecond is under
+# that, so no real kernel beats it; 1 us would not be safe on recent drivers.
+GPU_LAUNCH_OVERHEAD = 0.5e-6
+
+MIB = 1 << 20
+
+
+def _sm_ceiling(sms: int, clock_hz: float) -> float:
+    """Bytes/s all SMs can take in: 128 B/clk per SM through L1/shared memory, at the boost clock."""
+    return sms * 128 * clock_hz
+
+
+def _issue_ceiling(sms: int, clock_hz: float) -> float:
+    """Counted vector FLOP/s: 4 warp instructions (128 thread-ops) per SM and clock, 2 FLOPs each (an FMA)."""
+    return sms * 128 * 2 * clock_hz
+
+
+_H100_SOURCE = (
+    "NVIDIA H100 Tensor Core GPU datasheet and Hopper architecture whitepaper (H100 SXM5: 132 SMs, "
+    "boost 1.98 GHz, HBM3 3.35 TB/s, FP32 66.9 TFLOPS, FP16 non-tensor 133.8, TF32 tensor 494.7 dense "
+    "(989 with sparsity), FP16/BF16 tensor 989.4 dense, L2 50 MB); cache bandwidth: SM-side ceiling "
+    "132 x 128 B/clk x 1.98 GHz (NVIDIA publishes no H100 L2 bandwidth)"
+)
+
+_H200_SOURCE = (
+    "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM 141 GB: HBM3e 4.8 TB/s; FP32 67 TFLOPS, TF32 989 and "
+    "FP16/BF16 1979 TFLOPS with sparsity, i.e. the H100 SXM's 494.7 / 989.4 dense); same GH100 SMs and clocks "
+    "as the H100 SXM5; L2 60 MB as PyTorch reports it on an H200 (more than the H100's 50: the larger "
+    "figure keeps the bound a floor); cache bandwidth: SM-side ceiling as for the H100"
+)
+
+_A100_SOURCE = (
+    "NVIDIA A100 Tensor Core GPU datasheet and Ampere architecture whitepaper (A100 SXM4 80GB: 108 SMs, "
+    "boost 1.41 GHz, HBM2e 2039 GB/s, FP32 19.5 TFLOPS, FP16 non-tensor 78, TF32 tensor 156 dense, "
+    "FP16/BF16 tensor 312 dense, L2 40 MB at 5120 B/clk); vector ceiling: issue rate 2 x FP32 "
+    "(FP32 and INT/ALU pipes co-issue)"
+)
+
+_V100_SOURCE = (
+    "NVIDIA Tesla V100 datasheet and Volta architecture whitepaper (V100 SXM2 32GB: 80 SMs, boost 1.53 GHz, "
+    "HBM2 900 GB/s, FP32 15.7 TFLOPS, tensor (FP16) 125 TFLOPS, no TF32: float32 matmul at the FP32 FMA peak, "
+    "L2 6 MB at 2048 B/clk per the Ampere whitepaper's comparison); vector ceiling: issue rate 2 x FP32"
+)
+
+GPUS: dict[str, Device] = {
+    "h100": Device(
+        name="h100", kind="gpu", memory_bandwidth=3.35e12,
+        vector_flops=_issue_ceiling(132, 1.98e9),  # 66.9e12, the published FP32 peak
+        half_vector_flops=2 * _issue_ceiling(132, 1.98e9),  # 133.8e12, the published FP16 non-tensor peak
+        matrix_flops={"float32": 494.7e12, "float16": 989.4e12, "bfloat16": 989.4e12},
+        launch_overhead=GPU_LAUNCH_OVERHEAD, cache_bytes=50 * MIB, cache_bandwidth=_sm_ceiling(132, 1.98e9),
+        source=_H100_SOURCE,
+    ),
+    "h200": Device(
+        name="h200", kind="gpu", memory_bandwidth=4.8e12,
+        vector_flops=_issue_ceiling(132, 1.98e9),
+        half_vector_flops=2 * _issue_ceiling(132, 1.98e9),
+        matrix_flops={"float32": 494.7e12, "float16": 989.4e12, "bfloat16": 989.4e12},
+        launch_overhead=GPU_LAUNCH_OVERHEAD, cache_bytes=60 * MIB, cache_bandwidth=_sm_ceiling(132, 1.98e9),
+        source=_H200_SOURCE,
+    ),
+    "a100": Device(
+        name="a100", kind="gpu", memory_bandwidth=2.039e12,
+        vector_flops=_issue_ceiling(108, 1.41e9),  # 39.0e12 = 2 x the published 19.5
+        half_vector_flops=2 * _issue_ceiling(108, 1.41e9),
+        matrix_flops={"float32": 156e12, "float16": 312e12, "bfloat16": 312e12},
+        launch_overhead=GPU_LAUNCH_OVERHEAD, cache_bytes=40 * MIB, cache_bandwidth=5120 * 1.41e9,
+        source=_A100_SOURCE,
+    ),
+    "v100": Device(
+        name="v100", kind="gpu", memory_bandwidth=900e9,
+        vector_flops=_issue_ceiling(80, 1.53e9),  # 31.3e12 = 2 x the published 15.7
+        half_vector_flops=2 * _issue_ceiling(80, 1.53e9),
+        matrix_flops={"float32": 15.7e12, "float16": 125e12},
+        launch_overhead=GPU_LAUNCH_OVERHEAD, cache_bytes=6 * MIB, cache_bandwidth=2048 * 1.53e9,
+        source=_V100_SOURCE,
+    ),
+}
+
+KNOWN_TARGETS = ("cpu", *GPUS)
+
+
+def get_device(target: str) -> Device:
+    """The device named ``target``: one of ``KNOWN_TARGETS``; "cpu" is this host, probed once and cached."""
+    name = target.lower()
+    if name == "cpu":
+        from korch.cost.probe import cpu_device
+
+        return cpu_device()
+    if name in GPUS:
+        return GPUS[name]
+    raise KorchError(f"unknown target {target!r}; known: {', '.join(KNOWN_TARGETS)}")

@@ -1,0 +1,83 @@
+"""The device table holds sane ceilings; the CPU probe measures once and is read back from its cache."""
+
+import json
+
+import pytest
+
+from korch import config
+from korch.cost import GPUS, get_device, probe
+from korch.errors import KorchError
+
+FAKE = {"memory_bandwidth": 10e9, "matmul_flops": 50e9, "elementwise_flops": 5e9, "tiny_op_seconds": 2e-6}
+
+
+@pytest.mark.parametrize("name", sorted(GPUS))
+def test_gpu_numbers_are_positive_and_consistent(name):
+    d = get_device(name)
+    assert d.name == name and d.kind == "gpu" and d.source
+    assert d.memory_bandwidth > 0 and d.vector_flops > 0 and d.half_vector_flops >= d.vector_flops
+    assert all(v > 0 for v in d.matrix_flops.values())
+    assert d.matrix_peak("float16") >= d.matrix_peak("float32")
+    assert 0 < d.launch_overhead <= 1e-6
+    assert d.cache_bytes > 0 and d.cache_bandwidth > d.memory_bandwidth
+
+
+def test_gpus_are_ordered_by_generation():
+    bw = {n: get_device(n).memory_bandwidth for n in GPUS}
+    assert bw["h200"] > bw["h100"] > bw["a100"] > bw["v100"]
+    tf32 = {n: get_device(n).matrix_peak("float32") for n in GPUS}
+    assert tf32["h200"] == tf32["h100"] > tf32["a100"] > tf32["v100"]
+
+
+def test_datasheet_numbers_are_dense_not_sparse():
+    h100, a100, v100 = get_device("h100"), get_device("a100"), get_device("v100")
+    assert h100.memory_bandwidth == 3.35e12 and get_device("h200").memory_bandwidth == 4.8e12
+    assert h100.matrix_flops == {"float32": 494.7e12, "float16": 989.4e12, "bfloat16": 989.4e12}
+    assert a100.matrix_flops["float32"] == 156e12 and a100.matrix_flops["bfloat16"] == 312e12
+    assert v100.matrix_flops["float32"] == 15.7e12  # no TF32 on Volta: the FP32 FMA peak
+    assert v100.matrix_peak("bfloat16") == 125e12  # no bf16 on Volta: the fastest rate listed
+    assert h100.vector_flops == pytest.approx(66.9e12, rel=1e-3)
+
+
+def test_unknown_target_names_the_known_ones():
+    with pytest.raises(KorchError, match=r"unknown target 'tpu'; known: cpu, h100, h200, a100, v100"):
+        get_device("tpu")
+    assert get_device("H100") is get_device("h100")
+
+
+def test_probe_writes_its_file_then_reads_it(tmp_path, monkeypatch):
+    probe._cpu_device_at.cache_clear()
+    monkeypatch.setattr(probe, "measure", lambda: dict(FAKE))
+    with config.patch(cache_dir=tmp_path):
+        first = get_device("cpu")
+        (path,) = (tmp_path / "devices").glob("cpu-*.json")
+        assert json.loads(path.read_text())["measured"] == FAKE
+
+        def fail():
+            raise AssertionError("the cached probe must not measure again")
+
+        monkeypatch.setattr(probe, "measure", fail)
+        probe._cpu_device_at.cache_clear()
+        again = get_device("cpu")
+    probe._cpu_device_at.cache_clear()
+    assert again == first
+    assert first.kind == "cpu" and first.memory_bandwidth == 10e9 * probe.BANDWIDTH_HEADROOM
+    assert first.matrix_flops == {"float32": 50e9 * probe.FLOPS_HEADROOM}
+    assert first.vector_flops == 2 * first.matrix_flops["float32"]
+    assert first.launch_overhead == 2e-6 * probe.LAUNCH_HEADROOM
+
+
+def test_probe_remeasures_a_corrupt_file(tmp_path, monkeypatch):
+    probe._cpu_device_at.cache_clear()
+    monkeypatch.setattr(probe, "measure", lambda: dict(FAKE))
+    with config.patch(cache_dir=tmp_path):
+        path = probe._cache_path()
+        path.parent.mkdir(parents=True)
+        path.write_text("{not json")
+        assert get_device("cpu").memory_bandwidth == 10e9 * probe.BANDWIDTH_HEADROOM
+        assert json.loads(path.read_text())["measured"] == FAKE
+    probe._cpu_device_at.cache_clear()
+
+
+def test_cache_bytes_reads_sysfs():
+    assert probe.cache_bytes() > 0

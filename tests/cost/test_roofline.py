@@ -1,0 +1,242 @@
+"""kernel_work counts exactly the work a kernel cannot avoid; lower_bound stays under real time."""
+
+import dataclasses
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from korch import config
+from korch.cost import KernelWork, candidate_bounds, get_device, kernel_work, lower_bound
+from korch.cost import probe, roofline
+from korch.fission.builder import Builder
+from korch.ir import Graph, Op, Tensor
+
+
+def _graph(*inputs):
+    g = Graph(name="t")
+    for name, shape in inputs:
+        g.add_tensor(Tensor(name=name, shape=shape, dtype="float32"))
+        g.inputs.append(name)
+    return g, Builder(g, "n")
+
+
+def _work(g, outputs, nodes=None):
+    """Work of the kernel of ``nodes`` (default: all) writing ``outputs``; inputs: what it reads from outside."""
+    nodes = range(len(g.nodes)) if nodes is None else nodes
+    made = {o for i in nodes for o in g.nodes[i].outputs}
+    inputs = [x for i in nodes for x in g.nodes[i].inputs if x not in made]
+    return kernel_work(g, frozenset(nodes), list(dict.fromkeys(inputs)), outputs)
+
+
+def test_elementwise_chain_reads_and_writes_each_tensor_once():
+    g, b = _graph(("x", (4, 8)))
+    z = b.add(b.emit(Op.EXP, "x"), "x")
+    assert _work(g, [z]) == KernelWork(bytes_read=128, bytes_written=128, vector_flops=64, matrix_flops=0)
+
+
+def test_broadcast_scalar_constant_is_read_once():
+    g, b = _graph(("x", (4, 8)))
+    y = b.mul("x", b.scalar(2.0, like="x"))
+    assert _work(g, [y]) == KernelWork(bytes_read=128 + 4, bytes_written=128, vector_flops=32, matrix_flops=0)
+
+
+def test_intermediate_output_is_written_too():
+    g, b = _graph(("x", (4, 8)))
+    y = b.emit(Op.EXP, "x")
+    z = b.emit(Op.RELU, y)
+    assert _work(g, [y, z]).bytes_written == 256
+
+
+def test_slice_only_reader_counts_only_what_it_reads():
+    g, b = _graph(("x", (8, 16)))
+    top = b.slice_axis("x", 0, 0, 4)  # rows 0..3
+    low = b.slice_axis("x", 0, 2, 6)  # rows 2..7: overlaps; the larger slice is a floor on the union
+    work = _work(g, [top, low])
+    assert work.bytes_read == 6 * 16 * 4
+    assert work.bytes_written == (4 + 6) * 16 * 4 and work.vector_flops == 0
+
+
+def test_elementwise_result_only_sliced_is_computed_only_where_sliced():
+    g, b = _graph(("x", (8, 16)))
+    y = b.emit(Op.RELU, "x")
+    z = b.slice_axis(y, 0, 0, 2)
+    assert _work(g, [z]) == KernelWork(bytes_read=2 * 16 * 4, bytes_written=2 * 16 * 4, vector_flops=32,
+                                       matrix_flops=0)
+    # the same relu written out whole needs all of x
+    assert _work(g, [y, z]).bytes_read == 8 * 16 * 4
+
+
+def test_gather_reads_its_distinct_indices():
+    g, b = _graph(("x", (10, 4)))
+    y = b.gather("x", [1, 1, 3], axis=0)
+    assert _work(g, [y]) == KernelWork(bytes_read=2 * 4 * 4 + 3 * 8, bytes_written=3 * 4 * 4, vector_flops=0,
+                                       matrix_flops=0)
+
+
+def test_concat_and_transpose_move_every_element():
+    g, b = _graph(("x", (2, 3)), ("y", (2, 5)))
+    z = b.transpose(b.concat(["x", "y"], axis=1), (1, 0))
+    assert _work(g, [z]) == KernelWork(bytes_read=64, bytes_written=64, vector_flops=0, matrix_flops=0)
+
+
+def test_matmul_counts_matrix_flops():
+    g, b = _graph(("a", (2, 3, 4)))
+    w = b.const(np.ones((4, 5), dtype=np.float32))
+    y = b.emit(Op.MATMUL, "a", w)
+    r = b.emit(Op.RELU, y)
+    assert _work(g, [r]) == KernelWork(bytes_read=(24 + 20) * 4, bytes_written=30 * 4,
+                                       vector_flops=30, matrix_flops=2 * 2 * 3 * 5 * 4)
+
+
+def test_reduce_of_n_to_m_needs_n_minus_m_operations():
+    g, b = _graph(("x", (4, 8)))
+    y = b.reduce(Op.REDUCE_SUM, "x", (1,))
+    assert _work(g, [y]) == KernelWork(bytes_read=128, bytes_written=16, vector_flops=28, matrix_flops=0)
+
+
+def test_neg_and_abs_are_free_modifiers():
+    g, b = _graph(("x", (4, 8)))
+    y = b.add(b.emit(Op.NEG, b.emit(Op.ABS, "x")), "x")
+    assert _work(g, [y]).vector_flops == 32
+
+
+def _conv(b, x, w_shape, stride, pad):
+    w = b.const(np.ones(w_shape, dtype=np.float32))
+    k = len(w_shape) - 2
+    return b.emit(Op.CONV, x, w, strides=(stride,) * k, pads=(pad,) * 2 * k, dilations=(1,) * k, group=1)
+
+
+def test_conv_counts_fast_algorithm_floor(monkeypatch):
+    g, b = _graph(("x", (1, 2, 6, 6)))
+    y = _conv(b, "x", (3, 2, 3, 3), stride=1, pad=1)
+    direct = 2 * (3 * 6 * 6) * (2 * 3 * 3)
+    work = _work(g, [y])
+    assert work.matrix_flops == direct // 9  # stride 1: one multiply-add per output and input channel
+    assert work.bytes_read == (72 + 54) * 4 and work.bytes_written == 108 * 4
+    monkeypatch.setattr(roofline, "FAST_CONVOLUTION", False)
+    assert _work(g, [y]).matrix_flops == direct
+
+
+def test_strided_conv_keeps_its_stride_phases():
+    g, b = _graph(("x", (1, 1, 8, 8)))
+    y = _conv(b, "x", (1, 1, 3, 3), stride=2, pad=0)  # out 3x3; 2 phases per axis of a 3-tap kernel
+    assert _work(g, [y]).matrix_flops == 2 * 9 * 9 // 9 * 4
+
+
+def test_strided_1x1_conv_reads_only_the_pixels_it_samples():
+    g, b = _graph(("x", (1, 2, 4, 4)))
+    y = _conv(b, "x", (3, 2, 1, 1), stride=2, pad=0)
+    assert _work(g, [y]).bytes_read == (2 * 2 * 2 + 6) * 4
+
+
+def test_a_kernel_that_writes_nothing_costs_nothing():
+    g, b = _graph(("x", (4, 8)))
+    b.emit(Op.EXP, "x")
+    assert _work(g, []) == KernelWork(0, 0, 0, 0)
+
+
+def test_opaque_node_is_charged_its_writes_only():
+    g, b = _graph(("x", (4, 8)))
+    (y,) = b.opaque(["x"], [Tensor(name="y", shape=(4, 8), dtype="float32")], {"op_type": "Foo"})
+    assert _work(g, [y]) == KernelWork(bytes_read=0, bytes_written=128, vector_flops=0, matrix_flops=0)
+
+
+def test_lower_bound_formula_and_overlap():
+    h100 = get_device("h100")
+    big = 1 << 30
+    work = KernelWork(bytes_read=big, bytes_written=big, vector_flops=10**9, matrix_flops=10**12)
+    memory = (2 * big - 2 * h100.cache_bytes) / h100.memory_bandwidth
+    compute = max(1e9 / h100.vector_flops, 1e12 / 494.7e12)
+    assert lower_bound(h100, work) == pytest.approx(h100.launch_overhead + max(memory, compute))
+    small = KernelWork(bytes_read=4096, bytes_written=4096, vector_flops=1024, matrix_flops=0)
+    assert lower_bound(h100, small) == pytest.approx(h100.launch_overhead + 8192 / h100.cache_bandwidth)
+    assert lower_bound(h100, work, "float16") < lower_bound(h100, work, "float32")
+
+
+def test_a_cold_kernel_pays_device_memory_for_every_byte():
+    h100 = get_device("h100")
+    work = KernelWork(bytes_read=1 << 20, bytes_written=1 << 20, vector_flops=0, matrix_flops=0)
+    cold = lower_bound(h100, work, warm=False)
+    assert cold == pytest.approx(h100.launch_overhead + (2 << 20) / h100.memory_bandwidth)
+    assert lower_bound(h100, work) < cold
+
+
+@pytest.mark.parametrize("field", ["bytes_read", "bytes_written", "vector_flops", "matrix_flops"])
+@pytest.mark.parametrize("name", ["h100", "a100", "v100"])
+def test_lower_bound_is_monotone_in_work(field, name):
+    device = get_device(name)
+    base = KernelWork(bytes_read=1 << 26, bytes_written=1 << 26, vector_flops=1 << 28, matrix_flops=1 << 34)
+    bounds = [lower_bound(device, dataclasses.replace(base, **{field: getattr(base, field) * k})) for k in (0, 1, 4, 64)]
+    assert bounds == sorted(bounds) and bounds[0] >= device.launch_overhead
+
+
+def test_candidate_bounds_follow_the_candidates():
+    g, b = _graph(("x", (64, 64)))
+    y = b.emit(Op.EXP, "x")
+    z = b.add(y, "x")
+    small = SimpleNamespace(nodes=frozenset({0}), inputs=("x",), outputs=(y,))
+    both = SimpleNamespace(nodes=frozenset({0, 1}), inputs=("x",), outputs=(z,))
+    h100 = get_device("h100")
+    assert candidate_bounds(g, [small, both], h100) == [
+        lower_bound(h100, kernel_work(g, c.nodes, c.inputs, c.outputs)) for c in (small, both)]
+
+
+@pytest.fixture(scope="module")
+def cpu(tmp_path_factory):
+    probe._cpu_device_at.cache_clear()
+    with config.patch(cache_dir=tmp_path_factory.mktemp("korch-cache")):
+        start = time.perf_counter()
+        device = get_device("cpu")
+        seconds = time.perf_counter() - start
+    probe._cpu_device_at.cache_clear()
+    return device, seconds
+
+
+def test_cpu_probe_is_quick_and_positive(cpu):
+    device, seconds = cpu
+    assert seconds < 8  # about two seconds alone; slack for a busy test machine
+    assert device.memory_bandwidth > 0 and device.vector_flops > 0 and device.launch_overhead > 0
+    assert device.matrix_flops["float32"] > 0 and device.cache_bytes > 0
+
+
+def test_cpu_bound_of_a_large_add_is_below_its_measured_time(cpu):
+    device, _ = cpu
+    import torch
+
+    n = (64 << 20) // 4
+    x, y, out = torch.rand(n), torch.rand(n), torch.empty(n)
+    torch.add(x, y, out=out)
+    best = min(_timed(lambda: torch.add(x, y, out=out)) for _ in range(5))
+    g, b = _graph(("x", (n,)), ("y", (n,)))
+    z = b.add("x", "y")
+    bound = lower_bound(device, _work(g, [z]))
+    assert bound < best, (bound, best)
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def test_window_axis_counts_match_brute_force():
+    import random
+
+    from korch.ir.shapes import window_output_size
+
+    rnd = random.Random(0)
+    for _ in range(500):
+        n, k, s, d = rnd.randint(1, 12), rnd.randint(1, 5), rnd.randint(1, 4), rnd.randint(1, 3)
+        begin, end = rnd.randint(0, k), rnd.randint(0, k)
+        out = window_output_size(n, k, s, begin, end, d)
+        if out > 0:
+            reads = {(o * s + j * d - begin, j) for o in range(out) for j in range(k) if 0 <= o * s + j * d - begin < n}
+            assert roofline._window_axis(n, out, k, s, d, begin) == (len({p for p, _ in reads}),
+                                                                     len({j for _, j in reads}))
+        out = s * (n - 1) + d * (k - 1) + 1 - begin - end
+        if out > 0:
+            writes = {(p, j) for p in range(n) for j in range(k) if 0 <= p * s + j * d - begin < out}
+            assert roofline._transpose_axis(n, out, k, s, d, begin) == (len({p for p, _ in writes}),
+                                                                        len({j for _, j in writes}))

@@ -1,0 +1,93 @@
+"""Lazy measurement: time only the candidates an optimal plan could use.
+
+Every candidate starts at its lower bound (``korch.cost``: no kernel can beat
+it); measured candidates cost their measured latency. Solve, measure the
+unmeasured kernels the plan selected, re-solve; stop when the plan selects only
+measured kernels. That plan is optimal for the true latencies (the argument is
+in docs/orchestration.md), usually after measuring a small part of the
+candidates. The solver keeps its model and cuts between rounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from korch.errors import KorchError
+from korch.orchestrate.solver import Problem, Solution, Solver
+
+# A measured latency may sit this far (relative) below its bound before the
+# oracle counts as broken: float noise, not a faster kernel.
+BOUND_TOLERANCE = 1e-9
+
+
+class OracleError(KorchError):
+    """A cost oracle broke the promise lazy measurement relies on."""
+
+
+class CostOracle(Protocol):
+    def measure(self, candidate_ids: Sequence[int]) -> Mapping[int, float]:
+        """Seconds per candidate; ``math.inf`` for one that failed to build or check."""
+        ...
+
+
+@dataclass(frozen=True)
+class LazyResult:
+    solution: Solution
+    measured: dict[int, float]   # what this call measured through the oracle (not the ``measured`` passed in)
+    rounds: int                  # solves
+
+
+def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, *,
+                 measured: Mapping[int, float] | None = None, time_limit: float | None = None,
+                 on_round: Callable[[int, int], None] | None = None) -> LazyResult:
+    """The cheapest executable plan under measured latencies, measuring as few candidates as it can.
+
+    ``problem.costs`` is ignored: a candidate costs ``measured[c]`` when known
+    (passed in, say from a database, or measured by an earlier round) and
+    ``bounds[c]`` otherwise. A latency of ``math.inf`` excludes the candidate.
+    ``time_limit`` applies to each solve; if the last solve stops at it, the
+    plan is flagged not optimal and its gap is against a valid lower bound.
+    ``on_round(round, count)`` is called before each round's measurement with
+    the number of candidates about to be measured.
+    """
+    if len(bounds) != len(problem.costs):
+        raise ValueError(f"{len(bounds)} bounds for {len(problem.costs)} candidates")
+    for c, bound in enumerate(bounds):
+        if not bound >= 0:
+            raise ValueError(f"candidate {c} has lower bound {bound}: bounds must be >= 0")
+    known = {c: float(v) for c, v in (measured or {}).items()}
+    fresh: dict[int, float] = {}
+    solver = Solver(problem)
+    rounds = 0
+    while True:
+        costs = [known.get(c, bound) for c, bound in enumerate(bounds)]
+        solution = solver.solve(costs, time_limit=time_limit)
+        rounds += 1
+        todo = [c for c in solution.order if c not in known]
+        if not todo:
+            return LazyResult(solution, fresh, rounds)
+        if on_round is not None:
+            on_round(rounds, len(todo))
+        answers = oracle.measure(todo)
+        for c in todo:
+            if c not in answers:
+                raise OracleError(f"the cost oracle returned no latency for candidate {c}")
+        for c, latency in answers.items():
+            known[c] = fresh[c] = _checked(c, latency, bounds)
+
+
+def _checked(c: int, latency: float, bounds: Sequence[float]) -> float:
+    """The latency, if it can be true: a number, not below the candidate's lower bound."""
+    if not 0 <= c < len(bounds):
+        raise OracleError(f"the cost oracle returned a latency for candidate {c}, which does not exist")
+    latency = float(latency)
+    if math.isnan(latency) or latency < 0:
+        raise OracleError(f"the cost oracle returned latency {latency} for candidate {c}")
+    if latency < bounds[c] * (1 - BOUND_TOLERANCE):
+        raise OracleError(
+            f"candidate {c} measured {latency:.4g} s, below its lower bound {bounds[c]:.4g} s: the bound "
+            "(or the measurement) is wrong for this device, and a plan chosen with it may not be optimal")
+    return latency

@@ -1,0 +1,94 @@
+"""Lazy measurement: same optimum as measuring everything, far fewer measurements, broken oracles refused."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from korch.orchestrate.lazy import OracleError, solve_lazily
+from korch.orchestrate.solver import solve
+from tests.orchestrate.random_problems import executes, random_problem
+
+
+class Oracle:
+    """Latency = lower bound x a fixed random factor in [1, 3] (``inf`` for ``broken`` ids)."""
+
+    def __init__(self, bounds, seed=0, broken=()):
+        rng = np.random.default_rng(seed)
+        self.latency = [b * f for b, f in zip(bounds, rng.uniform(1, 3, len(bounds)))]
+        for c in broken:
+            self.latency[c] = math.inf
+        self.asked: list[int] = []
+
+    def measure(self, candidate_ids):
+        self.asked += candidate_ids
+        return {c: self.latency[c] for c in candidate_ids}
+
+
+def setup(seed):
+    p = random_problem(np.random.default_rng(seed), 80, 4, max_preds=2, window=5)
+    return p, p.costs  # the random costs serve as lower bounds
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lazy_plan_is_the_plan_of_measuring_everything(seed):
+    p, bounds = setup(seed)
+    oracle = Oracle(bounds, seed)
+    rounds = []
+    result = solve_lazily(p, bounds, oracle, on_round=lambda r, k: rounds.append((r, k)))
+    everything = solve(dataclasses.replace(p, costs=tuple(oracle.latency)))
+    assert result.solution.objective == pytest.approx(everything.objective, rel=1e-9)
+    assert result.solution.optimal and executes(p, result.solution.order)
+    assert set(result.solution.order) <= set(result.measured)
+    assert len(oracle.asked) == len(set(oracle.asked)) == len(result.measured)  # nothing measured twice
+    assert sum(k for _, k in rounds) == len(result.measured) and len(rounds) == result.rounds - 1
+    print(f"measured {len(result.measured)} of {len(bounds)} candidates in {result.rounds} solves")
+    assert len(result.measured) < len(bounds) / 2
+
+
+def test_known_latencies_are_not_measured_again():
+    p, bounds = setup(0)
+    oracle = Oracle(bounds)
+    first = solve_lazily(p, bounds, oracle)
+    again = Oracle(bounds)
+    second = solve_lazily(p, bounds, again, measured=first.measured)
+    assert again.asked == [] and second.measured == {} and second.rounds == 1
+    assert second.solution.objective == pytest.approx(first.solution.objective, rel=1e-12)
+
+
+def test_candidates_that_fail_to_build_are_never_selected():
+    p, bounds = setup(1)
+    # candidates 0..79 are the one-node kernels (random_problem lists them first): they
+    # always build, so the problem stays feasible; a third of the others fail
+    rng = np.random.default_rng(5)
+    total = len(p.costs)
+    broken = {int(c) for c in rng.choice(np.arange(80, total), size=(total - 80) // 3, replace=False)}
+    oracle = Oracle(bounds, broken=broken)
+    result = solve_lazily(p, bounds, oracle)
+    assert not broken & set(result.solution.order)
+    assert any(math.isinf(result.measured[c]) for c in broken & set(result.measured))
+    everything = solve(dataclasses.replace(p, costs=tuple(oracle.latency)))
+    assert result.solution.objective == pytest.approx(everything.objective, rel=1e-9)
+
+
+def test_an_oracle_faster_than_the_bound_is_refused():
+    p, bounds = setup(0)
+
+    class TooFast:
+        def measure(self, ids):
+            return {c: bounds[c] * 0.5 for c in ids}
+
+    with pytest.raises(OracleError, match="below its lower bound"):
+        solve_lazily(p, bounds, TooFast())
+
+
+def test_an_oracle_that_skips_a_candidate_is_refused():
+    p, bounds = setup(0)
+
+    class Forgetful:
+        def measure(self, ids):
+            return {c: bounds[c] for c in ids[1:]}
+
+    with pytest.raises(OracleError, match="no latency for candidate"):
+        solve_lazily(p, bounds, Forgetful())

@@ -1,0 +1,157 @@
+"""The orchestration program: hand-built optima, brute force on random problems, time limits."""
+
+import math
+
+import numpy as np
+import pytest
+
+from korch.orchestrate.solver import InfeasibleError, Problem, Solver, solve
+from tests.orchestrate.random_problems import (executes, has_cycle, random_problem, state_minimum,
+                                               subset_minimum)
+
+
+def problem(costs, needs, produces, required) -> Problem:
+    return Problem(tuple(map(float, costs)), tuple(map(tuple, needs)), tuple(map(tuple, produces)), tuple(required))
+
+
+def check(p: Problem, solution, optimum: float) -> None:
+    assert executes(p, solution.order)
+    assert solution.objective == pytest.approx(math.fsum(p.costs[c] for c in solution.order), rel=1e-12)
+    assert solution.objective == pytest.approx(optimum, rel=1e-9)
+    assert solution.optimal and solution.gap == 0.0
+
+
+def test_fusing_a_chain_wins():
+    # node i writes tensor i: 0 -> 1 -> 2; candidates {0} {1} {2} {0,1} {1,2} {0,1,2}
+    p = problem([3, 3, 3, 4, 4, 5], needs=[[], [0], [1], [], [0], []],
+                produces=[[0], [1], [2], [1], [2], [2]], required=[2])
+    solution = solve(p)
+    check(p, solution, 5.0)
+    assert solution.order == (5,)
+
+
+def test_redundant_computation_wins_on_a_diamond():
+    # a=0 feeds b=1 and c=2, which feed d=3; {a,b} and {a,c} both compute a
+    p = problem([5, 5, 5, 1, 2, 2], needs=[[], [0], [0], [1, 2], [], []],
+                produces=[[0], [1], [2], [3], [0, 1], [0, 2]], required=[3])
+    solution = solve(p)
+    check(p, solution, 5.0)
+    assert sorted(solution.order) == [3, 4, 5] and solution.order[-1] == 3
+
+
+# a=0 -> b=1, c=2 -> b, c -> d=3, a -> d; required b and d. K1 = {a, d} reads c and
+# writes a and d; K2 = {c, b} reads a and writes c and b: together they satisfy
+# every constraint of the paper's program at cost 2, but neither can run first.
+CYCLE = problem([1, 1, 2, 2, 2, 2], needs=[[2], [0], [], [0, 2], [], [2, 0]],
+                produces=[[0, 3], [2, 1], [0], [1], [2], [3]], required=[1, 3])
+
+
+@pytest.mark.parametrize("cutsets", [True, False])
+def test_two_multi_output_kernels_feeding_each_other_are_not_a_plan(cutsets):
+    solution = Solver(CYCLE, cutsets=cutsets).solve()
+    check(CYCLE, solution, 4.0)  # one of them recomputes a (or c) from scratch first
+    assert set(solution.order) in ({2, 1, 0}, {4, 0, 1})
+    if not cutsets:
+        assert solution.cycle_cuts > 0
+
+
+def test_kernels_that_can_only_feed_each_other_are_infeasible():
+    p = problem([1, 1], needs=[[2], [0]], produces=[[0, 3], [2, 1]], required=[1, 3])
+    with pytest.raises(InfeasibleError, match="can never run"):
+        solve(p)
+
+
+def test_a_required_tensor_nobody_writes_is_infeasible():
+    p = problem([1, 1], needs=[[], [0]], produces=[[0], [1]], required=[1, 7])
+    with pytest.raises(InfeasibleError, match=r"required tensor 7 is produced by no candidate") as info:
+        solve(p)
+    assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
+
+
+def test_infinite_cost_excludes_a_candidate():
+    p = problem([1, math.inf, 5], needs=[[], [0], [0]], produces=[[0], [1], [1]], required=[1])
+    assert solve(p).order == (0, 2)
+    with pytest.raises(InfeasibleError, match="excluded"):
+        solve(problem([1, math.inf], needs=[[], [0]], produces=[[0], [1]], required=[1]))
+
+
+def test_malformed_problems_are_refused():
+    with pytest.raises(ValueError, match="costs must be >= 0"):
+        problem([float("nan")], needs=[[]], produces=[[0]], required=[0])
+    with pytest.raises(ValueError, match="one of each per candidate"):
+        Problem((1.0,), ((), ()), ((0,),), (0,))
+
+
+def test_a_problem_with_nothing_required_selects_nothing():
+    solution = solve(problem([1], needs=[[]], produces=[[0]], required=[]))
+    assert solution.order == () and solution.objective == 0 and solution.optimal
+
+
+def test_a_solver_re_solves_with_other_costs():
+    solver = Solver(CYCLE)
+    assert solver.solve().objective == pytest.approx(4.0)
+    solution = solver.solve([1, 1, 2, 2, math.inf, 0.5])  # {a} -> K2 -> {d} is now the best
+    assert set(solution.order) == {2, 1, 5} and solution.objective == pytest.approx(3.5)
+
+
+def random_problems(count: int, seed: int, nodes: tuple[int, int], max_candidates: int, **dag) -> list[Problem]:
+    rng = np.random.default_rng(seed)
+    problems = []
+    while len(problems) < count:
+        p = random_problem(rng, int(rng.integers(*nodes)), int(rng.integers(2, 6)), **dag)
+        if len(p.costs) <= max_candidates:
+            problems.append(p)
+    return problems
+
+
+def test_small_random_problems_match_brute_force_over_every_subset():
+    cyclic = lazily_cut = 0
+    for p in random_problems(300, seed=0, nodes=(5, 10), max_candidates=18):
+        optimum = subset_minimum(p)
+        assert state_minimum(p) == pytest.approx(optimum, rel=1e-12)  # two references agree
+        check(p, solve(p), optimum)
+        lazy = Solver(p, cutsets=False).solve()
+        check(p, lazy, optimum)
+        cyclic += has_cycle(p)
+        lazily_cut += lazy.cycle_cuts > 0
+    print(f"300 problems, {cyclic} with candidates that need each other in a cycle, "
+          f"{lazily_cut} cut lazily without cut-set rows")
+    assert cyclic > 0 and lazily_cut > 0
+
+
+def test_larger_random_problems_match_a_search_over_available_tensors():
+    cyclic = lazily_cut = 0
+    for p in random_problems(300, seed=1, nodes=(5, 13), max_candidates=150, max_preds=3):
+        optimum = state_minimum(p)
+        check(p, solve(p), optimum)
+        lazy = Solver(p, cutsets=False).solve()
+        check(p, lazy, optimum)
+        cyclic += has_cycle(p)
+        lazily_cut += lazy.cycle_cuts > 0
+    print(f"300 problems, {cyclic} with cycles, {lazily_cut} cut lazily without cut-set rows")
+    assert cyclic > 0 and lazily_cut > 0
+
+
+def test_a_time_limit_returns_an_executable_plan_and_an_honest_gap():
+    p = random_problem(np.random.default_rng(2), 300, 5, max_preds=2, window=6)
+    optimum = solve(p).objective
+    for limit in (0.0, 0.05, 0.5):
+        solution = solve(p, time_limit=limit)
+        assert executes(p, solution.order)
+        assert solution.objective == pytest.approx(math.fsum(p.costs[c] for c in solution.order), rel=1e-12)
+        assert solution.objective >= optimum * (1 - 1e-9)
+        assert 0.0 <= solution.gap <= 1.0
+        assert solution.objective * (1 - solution.gap) <= optimum * (1 + 1e-7)  # the bound is a bound
+        assert solution.gap == 0.0 if solution.optimal else solution.gap > 0.0
+        assert solution.seconds < limit + 10
+
+
+def test_a_big_problem_under_a_short_time_limit():
+    p = random_problem(np.random.default_rng(0), 2000, 5, max_preds=2, window=6)
+    assert len(p.costs) > 15_000
+    solution = solve(p, time_limit=2.0)
+    assert executes(p, solution.order)
+    assert 0.0 <= solution.gap <= 1.0 and solution.seconds < 12
+    assert solution.gap == 0.0 if solution.optimal else solution.gap > 0.0
+    print(f"{len(p.costs)} candidates: optimal={solution.optimal} gap={solution.gap:.2e} "
+          f"in {solution.seconds:.1f} s")

@@ -6,8 +6,13 @@ import numpy as np
 import pytest
 
 from korch.orchestrate.solver import InfeasibleError, Problem, Solver, solve
-from tests.orchestrate.random_problems import (executes, has_cycle, random_problem, state_minimum,
-                                               subset_minimum)
+from tests.orchestrate.random_problems import (
+    executes,
+    has_cycle,
+    random_problem,
+    state_minimum,
+    subset_minimum,
+)
 
 
 def problem(costs, needs, produces, required) -> Problem:

@@ -28,11 +28,9 @@ def _load(args):
 
     from korch.summary import load_model, resolve_model
 
-    source = resolve_model(args.model)
-    imported, graph, report = load_model(source, _input_shapes(args.input_shape))
-    if not isinstance(source, onnx.ModelProto):
-        source = onnx.load(str(source), load_external_data=False)
-    graph.name = str(args.model).removeprefix("zoo:").rsplit("/", 1)[-1].removesuffix(".onnx")
+    imported, graph, report = load_model(args.model, _input_shapes(args.input_shape))
+    # the operator histogram is of the model as given, before folding (zoo exports are cached: no re-export)
+    source = onnx.load(str(resolve_model(args.model)), load_external_data=False)
     return source, imported, graph, report
 
 

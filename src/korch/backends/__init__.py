@@ -1,0 +1,1 @@
+"""Kernel backends: build, check and time each candidate kernel (Triton generator, TorchInductor, torch libraries)."""

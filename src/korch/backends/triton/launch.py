@@ -1,0 +1,93 @@
+"""Running generated Triton kernels: bind parameters to tensors, pick a launch variant, compile ahead for a GPU.
+
+``TritonKernel`` is the Triton backend's ``BuiltKernel``. On CUDA it launches
+the compiled kernel; on a CPU it runs in Triton's interpreter (only when
+``TRITON_INTERPRET=1`` was set before triton was imported: CI checks numerics
+that way). ``tune`` times every variant and keeps the fastest.
+
+``compile_for_target`` compiles a generated kernel for a GPU that need not be
+present (``GPUTarget("cuda", 90, 32)``: Hopper), which proves that it builds
+and reports its resource use.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+import torch
+
+from korch.backends.base import BuildError, write_outputs
+from korch.backends.triton.generated import GeneratedKernel, Variant
+from korch.backends.triton.loader import load_module
+from korch.ir import dtypes
+from korch.ir.graph import Graph
+from korch.runtime.reference import as_torch
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+class TritonKernel:
+    backend = "triton"
+    launches = 1
+
+    def __init__(self, kernel: Graph, generated: GeneratedKernel, device: str):
+        if device == "cpu" and not interpreting():
+            raise BuildError("Triton kernels run on CPUs only in the interpreter (TRITON_INTERPRET=1)")
+        self.kernel, self.generated, self.device = kernel, generated, device
+        self.source = generated.source
+        self.variant: Variant = generated.variants[0]
+        try:
+            self.fn = getattr(load_module(generated.source), generated.entry)
+        except Exception as exc:  # a generator bug surfaces as a kernel that does not build
+            raise BuildError(f"generated Triton source does not load: {exc}") from exc
+        self._constants = {p.name: as_torch(kernel.constants[p.name]).to(device)
+                           for p in generated.params if p.kind == "tensor" and p.name in kernel.constants}
+        self._outputs = [kernel.tensors[name] for name in kernel.outputs]
+
+    def _allocate(self) -> list[torch.Tensor]:
+        return [torch.empty(t.shape, dtype=dtypes.torch_dtype(t.dtype), device=self.device) for t in self._outputs]
+
+    def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        results = list(out) if out is not None else self._allocate()
+        env = dict(self._constants)
+        env.update(zip(self.kernel.inputs, inputs))
+        env.update(zip(self.kernel.outputs, results))
+        args = [env[p.name] if p.kind == "tensor" else p.value for p in self.generated.params]
+        v = self.variant
+        self.fn[v.grid](*args, **dict(v.constexprs), num_warps=v.num_warps, num_stages=v.num_stages)
+        return write_outputs(results, None)
+
+    def tune(self, time_call: Callable[[Callable[[], object]], float], inputs: Sequence[torch.Tensor]) -> float:
+        """Time every variant with ``time_call`` (seconds of one call); keep the fastest; return its time."""
+        best, best_time = self.variant, float("inf")
+        buffers = self._allocate()
+        for variant in self.generated.variants:
+            self.variant = variant
+            try:
+                seconds = time_call(lambda: self(*inputs, out=buffers))
+            except Exception:  # a variant that does not fit (shared memory, registers) is skipped
+                continue
+            if seconds < best_time:
+                best, best_time = variant, seconds
+        self.variant = best
+        if best_time == float("inf"):
+            raise BuildError("no launch variant of the Triton kernel ran")
+        return best_time
+
+
+def compile_for_target(generated: GeneratedKernel, arch: int = 90, variant: Variant | None = None):
+    """Compile ``generated`` for CUDA compute capability ``arch`` without a GPU; returns Triton's compiled kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    v = variant or generated.variants[0]
+    fn = getattr(load_module(generated.source, compiled=True), generated.entry)
+    signature = {p.name: p.triton_type for p in generated.params}
+    constexprs = dict(v.constexprs)
+    signature.update({name: "constexpr" for name in constexprs})
+    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": v.num_warps, "num_stages": v.num_stages})

@@ -1,4 +1,4 @@
-"""The ``korch`` command line: inspect, fission, optimize and zoo.
+"""The ``korch`` command line: inspect, fission, optimize, zoo and db.
 
 Every problem with the user's input ends the run with one line on stderr and
 exit status 2 (``KorchError``); warnings (opaque operators) print as one line
@@ -101,9 +101,16 @@ def cmd_optimize(args) -> int:
         def on_segment(i, n):
             progress.update(task, description=f"solve: segment {i + 1} of {n}")
 
+        measured = [0]
+
+        def on_kernel(what):
+            measured[0] += 1
+            progress.update(task, description=f"measure: kernel {measured[0]}: {what[:60]}")
+
         result = optimize(args.model, target=args.target, cost=args.cost, time_limit=args.time_limit,
                           cut_points=args.cut_points, input_shapes=_input_shapes(args.input_shape),
-                          max_kernel_nodes=args.max_kernel_nodes, on_stage=on_stage, on_segment=on_segment)
+                          max_kernel_nodes=args.max_kernel_nodes, on_stage=on_stage, on_segment=on_segment,
+                          db=args.db, jobs=args.jobs, on_kernel=on_kernel)
     plan = result.plan
     out = args.output
     plan.save(out / "plan.json")
@@ -113,7 +120,12 @@ def cmd_optimize(args) -> int:
           f"{len(plan.segments)} segments -> {len(plan.kernels)} kernels, predicted "
           f"{plan.predicted_latency_s * 1e3:.3f} ms on {plan.target} ({plan.cost_model}"
           f"{', optimal' if optimal else ', NOT proven optimal'}); "
-          f"solver {result.stage_seconds.get('solve', 0):.1f} s, total {sum(result.stage_seconds.values()):.1f} s")
+          f"total {sum(result.stage_seconds.values()):.1f} s")
+    measurement = plan.stats.get("measurement")
+    if measurement:
+        print(f"measured {measurement['kernels_measured']} kernels ({measurement['signatures_asked']} distinct "
+              f"candidates asked, {measurement['from_database']} answered by the database "
+              f"{measurement['device']}); {len(measurement['failures'])} kernels failed and were dropped")
     print(f"wrote {out / 'plan.json'} and {out / 'report.md'}")
     return 0
 
@@ -128,6 +140,36 @@ def cmd_zoo(args) -> int:
         return 0
     path = zoo.export(args.name, args.output)
     print(f"wrote {path}")
+    return 0
+
+
+def cmd_db(args) -> int:
+    from korch.backends.db import ProfileDB
+
+    db = ProfileDB(args.db)
+    if not db.path.exists():
+        print(f"profile database {db.path}: empty (no file yet)")
+        return 0
+    if args.db_command == "clear":
+        deleted = db.clear(device=args.device)
+        print(f"deleted {deleted} records{f' of device {args.device}' if args.device else ''} from {db.path}")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    stats = db.stats()
+    console = Console()
+    size = stats["file_bytes"]
+    console.print(f"[bold]{db.path}[/bold]  {stats['rows']} records ({stats['ok']} ok, {stats['failed']} failed)  "
+                  + (f"{size / 2**20:.2f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"), soft_wrap=True)
+    if stats["rows"]:
+        table = Table()
+        for column in ("device", "backend", "records", "ok", "failed"):
+            table.add_column(column, justify="left" if column in ("device", "backend") else "right")
+        for group in stats["by_device_backend"]:
+            table.add_row(group["device"], group["backend"], str(group["rows"]), str(group["ok"]),
+                          str(group["failed"]))
+        console.print(table)
     return 0
 
 
@@ -162,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit in seconds (default: none)")
     p.add_argument("--cut-points", metavar="FILE.toml", help="the Korch paper's cut points instead of automatic ones")
     p.add_argument("--max-kernel-nodes", type=int, metavar="N", help="largest candidate kernel, in primitives")
+    p.add_argument("--db", type=Path, metavar="PATH",
+                   help="profile database for --cost measured (default: profile.sqlite in the korch cache directory)")
+    p.add_argument("--jobs", type=int, metavar="N", help="processes compiling kernels in parallel (default: cores, at most 8)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     p.set_defaults(run=cmd_optimize)
 
@@ -172,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("name")
     e.add_argument("output")
     p.set_defaults(run=cmd_zoo)
+
+    p = sub.add_parser("db", help="the profile database of measured kernels")
+    dsub = p.add_subparsers(dest="db_command", required=True)
+    db_path_help = "the database file (default: profile.sqlite in the korch cache directory)"
+    d = dsub.add_parser("stats", help="records by device and backend, ok and failed, file size")
+    d.add_argument("--db", type=Path, metavar="PATH", help=db_path_help)
+    d = dsub.add_parser("clear", help="delete records (all, or one device's)")
+    d.add_argument("--db", type=Path, metavar="PATH", help=db_path_help)
+    d.add_argument("--device", metavar="NAME", help="delete only this device's records")
+    p.set_defaults(run=cmd_db)
     return parser
 
 

@@ -31,6 +31,8 @@ class PlannedKernel:
     cost_s: float                 # latency used by the solver
     bound_s: float                # the lower bound of the cost model
     measured: bool                # cost_s was measured (else it is the bound)
+    backend: str = ""             # the backend whose kernel was fastest (measured plans)
+    launches: int = 1             # device kernels that backend launches for it
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

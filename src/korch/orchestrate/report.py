@@ -11,6 +11,24 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:,.1f} µs"
 
 
+def _measurement(m: dict | None) -> list[str]:
+    if not m:
+        return []
+    versions = ", ".join(f"{b} {v}" for b, v in m["backends"].items())
+    lines = ["", "## Measurement", "",
+             f"- device **{m['device']}**, backends {versions}",
+             f"- candidates measured: **{m['signatures_asked']}** distinct kernels of "
+             f"{m.get('candidates', '?')} candidates ({m['from_database']} answered by the profile database); "
+             f"**{m['kernels_measured']}** kernel builds checked and timed in this run",
+             f"- measurements below their lower bound (raised to it): {m['below_bound']}",
+             f"- kernels that failed to build or check (dropped, never selected): **{len(m['failures'])}**"]
+    if m["failures"]:
+        lines += ["", "| signature | ops | backend | status | reason |", "| --- | --- | --- | --- | --- |",
+                  *(f"| `{f['signature'][:12]}` | {f['ops']} | {f['backend']} | {f['status']} | "
+                    f"{f['message'].replace('|', '/')} |" for f in m["failures"])]
+    return lines
+
+
 def render_markdown(plan: Plan, rejected: dict[str, int] | None = None) -> str:
     stats = plan.stats
     lines = [
@@ -46,11 +64,12 @@ def render_markdown(plan: Plan, rejected: dict[str, int] | None = None) -> str:
         "",
         "## Kernels in execution order",
         "",
-        "| kernel | ops | primitives | outputs | cost | measured |",
-        "| --- | --- | ---: | --- | ---: | --- |",
-        *(f"| {k.name} | {k.ops} | {len(k.nodes)} | {', '.join(k.outputs)} | {_us(k.cost_s)} | {k.measured} |"
-          for k in plan.kernels),
+        "| kernel | ops | primitives | outputs | cost | bound | measured | backend | launches |",
+        "| --- | --- | ---: | --- | ---: | ---: | --- | --- | ---: |",
+        *(f"| {k.name} | {k.ops} | {len(k.nodes)} | {', '.join(k.outputs)} | {_us(k.cost_s)} | {_us(k.bound_s)} "
+          f"| {k.measured} | {k.backend or '-'} | {k.launches} |" for k in plan.kernels),
     ]
+    lines += _measurement(stats.get("measurement"))
     if rejected:
         lines += ["", "## Subgraphs rejected as kernels", "", "| reason | count |", "| --- | ---: |",
                   *(f"| {why} | {n} |" for why, n in sorted(rejected.items(), key=lambda kv: -kv[1]))]

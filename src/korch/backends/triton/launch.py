@@ -85,7 +85,8 @@ def compile_for_target(generated: GeneratedKernel, arch: int = 90, variant: Vari
 
     v = variant or generated.variants[0]
     fn = getattr(load_module(generated.source, compiled=True), generated.entry)
-    signature = {p.name: p.triton_type for p in generated.params}
+    # by position: source parameter names need not be the graph's tensor names (those need not be identifiers)
+    signature = {arg: p.triton_type for arg, p in zip(fn.arg_names, generated.params)}
     constexprs = dict(v.constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)

@@ -1,0 +1,80 @@
+"""The Inductor backend: a candidate's primitives as a torch function compiled by TorchInductor.
+
+On CPUs Inductor writes C++/OpenMP loops, so it is korch's fused-kernel
+generator for ``--target cpu``; on GPUs it writes Triton, a second opinion next
+to korch's own generator (the faster correct kernel wins). The function is
+traced to an FX graph (``make_fx``) and handed to ``compile_fx`` directly:
+no dynamo, so thousands of kernels compile in one process without hitting its
+recompilation limits. Inductor may split a candidate into several kernels;
+``launches`` records how many it produced (fused kernels plus library calls).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import torch
+
+from korch.backends.base import BuildError, write_outputs
+from korch.backends.check import random_inputs
+from korch.backends.torch_ops import kernel_function
+from korch.ir.graph import Graph
+from korch.ir.ops import Op
+
+VERSION = "1"
+_KERNEL_DEFINITIONS = re.compile(r"async_compile\.(cpp_pybinding|cpp|triton)\(")
+_LIBRARY_CALLS = re.compile(r"\b(extern_kernels\.\w+|torch\.ops\.\w+\.\w+(?:\.\w+)?)\(")
+
+
+def count_launches(code: str) -> int:
+    """Kernels one call of Inductor's output ``code`` launches: its generated kernels plus library calls."""
+    generated = len(_KERNEL_DEFINITIONS.findall(code))
+    body = code.split("def call(", 1)[-1]
+    return generated + len(_LIBRARY_CALLS.findall(body.split("def benchmark_compiled_module", 1)[0]))
+
+
+class InductorKernel:
+    backend = "inductor"
+
+    def __init__(self, kernel: Graph, device: str):
+        from torch._inductor.compile_fx import compile_fx
+        from torch._inductor.utils import run_and_get_code
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        examples = [x.to(device) for x in random_inputs(kernel)]
+        try:
+            graph_module = make_fx(kernel_function(kernel, device))(*examples)
+            compiled = {}
+
+            def compile_and_run():
+                compiled["fn"] = compile_fx(graph_module, examples)
+                return compiled["fn"](*examples)
+            _, codes = run_and_get_code(compile_and_run)
+        except Exception as exc:  # Inductor's failures are many and varied; the kernel is dropped, not the run
+            raise BuildError(f"inductor: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        self.fn = compiled["fn"]
+        self.source = "\n".join(codes)
+        self.launches = sum(count_launches(code) for code in codes)
+
+    def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        return write_outputs(self.fn(*inputs), out)
+
+
+class InductorBackend:
+    name = "inductor"
+
+    @property
+    def version(self) -> str:
+        return f"{VERSION}+torch{torch.__version__}"
+
+    def supports_device(self, device: str) -> bool:
+        return device == "cpu" or device.startswith("cuda")
+
+    def claims(self, kernel: Graph) -> str | None:
+        if any(node.op is Op.OPAQUE for node in kernel.nodes):
+            return "inductor: opaque primitive"
+        return None
+
+    def build(self, kernel: Graph, device: str) -> InductorKernel:
+        return InductorKernel(kernel, device)

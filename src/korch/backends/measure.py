@@ -1,0 +1,239 @@
+"""Measuring candidate kernels: every claiming backend builds, checks and times each kernel once, remembered.
+
+``KernelMeasurer`` is the cost oracle of the lazy measurement loop
+(``korch.orchestrate.lazy``). For each candidate it is asked about, it looks
+the candidate's signature up in the profile database (``db.py``) and measures
+only what is missing: every backend that claims the kernel builds it, the
+build is checked against the reference executor (``check.py``), and a kernel
+that checks is timed (``timing.py``; Triton kernels try each launch variant).
+The candidate's latency is its fastest correct kernel's; a candidate no
+backend builds correctly costs ``inf`` (the solver never picks it) and each
+failure is kept, with its reason, for the report.
+
+Builds and checks run in parallel worker processes (``jobs``); they fill the
+compilers' on-disk caches, so the main process rebuilds from cache and times
+kernels one at a time (timings taken in parallel would disturb each other).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+import multiprocessing
+import os
+import platform
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from korch.backends.base import Backend
+from korch.backends.check import check, random_inputs
+from korch.backends.db import ProfileDB, Record
+from korch.backends.registry import backends_for, device_for
+from korch.backends.timing import rotation_sets, time_kernel
+from korch.cost.devices import get_device
+from korch.ir.graph import Graph
+from korch.ir.subgraph import extract
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    signature: str
+    ops: str
+    backend: str
+    status: str
+    message: str
+
+
+@dataclasses.dataclass
+class MeasureStats:
+    asked: int = 0            # distinct signatures the loop asked about
+    from_db: int = 0          # of those, answered from the database alone
+    measured: int = 0         # kernels built, checked and timed here (signature x backend)
+    below_bound: int = 0      # measurements under the lower bound, raised to it
+    failures: list[Failure] = dataclasses.field(default_factory=list)
+
+
+def device_key(target: str) -> str:
+    """The device part of a database key: the GPU kind, or the CPU model with its core count."""
+    name = get_device(target).name
+    if name != "cpu":
+        return name
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"cpu:{model}:{os.cpu_count()}"
+
+
+@dataclasses.dataclass
+class _Checked:
+    status: str
+    message: str = ""
+    max_rel_error: float | None = None
+    launches: int = 0
+    built: object = None      # the kernel, when it was built in this process
+
+
+def _build_and_check(backend: Backend, kernel: Graph, device: str) -> _Checked:
+    try:
+        built = backend.build(kernel, device)
+    except Exception as exc:
+        return _Checked("build_failed", _one_line(exc))
+    try:
+        result = check(built, kernel, device=device)
+    except Exception as exc:
+        return _Checked("check_failed", _one_line(exc), None, built.launches)
+    if not result.ok:
+        return _Checked("check_failed", result.message, result.rel_norm, built.launches)
+    return _Checked("ok", "", result.rel_norm, built.launches, built)
+
+
+def _worker(target: str, kernel: Graph, device: str, backend_name: str) -> _Checked:
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    torch.set_num_threads(1)
+    backend = next(b for b in backends_for(target) if b.name == backend_name)
+    checked = _build_and_check(backend, kernel, device)
+    checked.built = None  # kernels do not cross processes; the main process rebuilds from the caches
+    return checked
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+class KernelMeasurer:
+    """The measuring cost oracle for the candidates of one graph (see the module docstring)."""
+
+    def __init__(self, graph: Graph, candidates: Sequence, bounds: Sequence[float], *, target: str,
+                 db: ProfileDB, jobs: int | None = None, backends: Sequence[Backend] | None = None,
+                 on_kernel: Callable[[str], None] | None = None):
+        self.graph, self.candidates, self.bounds = graph, candidates, bounds
+        self.target, self.db, self.on_kernel = target, db, on_kernel
+        self.device = device_for(target)
+        self.device_key = device_key(target)
+        self.backends = [b for b in (backends or backends_for(target)) if b.supports_device(self.device)]
+        self.versions = {b.name: b.version for b in self.backends}
+        self.jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
+        self.best: dict[str, Record | None] = {}
+        self.stats = MeasureStats()
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    # -- the oracle ---------------------------------------------------------------------
+
+    def measure(self, candidate_ids: Sequence[int]) -> dict[int, float]:
+        by_signature: dict[str, int] = {}
+        for c in candidate_ids:
+            by_signature.setdefault(self.candidates[c].signature, c)
+        fresh = [s for s in by_signature if s not in self.best]
+        if fresh:
+            self._resolve(fresh, by_signature)
+        result = {}
+        for c in candidate_ids:
+            record = self.best[self.candidates[c].signature]
+            latency = math.inf if record is None else record.latency_s
+            if latency < self.bounds[c]:
+                self.stats.below_bound += 1
+                latency = self.bounds[c]
+            result[c] = latency
+        return result
+
+    def known(self, candidate_ids: Sequence[int]) -> dict[int, float]:
+        """Latencies the database already holds in full for these candidates (nothing is built or timed)."""
+        representative: dict[str, int] = {}
+        for c in candidate_ids:
+            representative.setdefault(self.candidates[c].signature, c)
+        found = self.db.lookup(representative, self.device_key, self.versions)
+        complete = set()
+        for s, records in found.items():
+            if records:
+                claiming = {b.name for b in self.backends if b.claims(self.kernel_graph(representative[s])) is None}
+                if claiming <= {r.backend for r in records}:
+                    complete.add(s)
+        return self.measure([c for c in candidate_ids if self.candidates[c].signature in complete])
+
+    def record_for(self, candidate_id: int) -> Record | None:
+        return self.best.get(self.candidates[candidate_id].signature)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    # -- measuring ---------------------------------------------------------------------
+
+    def kernel_graph(self, candidate_id: int) -> Graph:
+        c = self.candidates[candidate_id]
+        return extract(self.graph, c.nodes, c.inputs, c.outputs, name=f"c{candidate_id}")
+
+    def _resolve(self, signatures: list[str], representative: Mapping[str, int]) -> None:
+        self.stats.asked += len(signatures)
+        found = self.db.lookup(signatures, self.device_key, self.versions)
+        kernels = {s: self.kernel_graph(representative[s]) for s in signatures}
+        todo: list[tuple[str, Backend]] = []
+        for s in signatures:
+            have = {r.backend for r in found[s]}
+            missing = [b for b in self.backends if b.name not in have and b.claims(kernels[s]) is None]
+            todo += [(s, b) for b in missing]
+            if not missing:
+                self.stats.from_db += 1
+        records = self._measure(todo, kernels)
+        self.db.put(records)
+        for r in records:
+            found[r.signature].append(r)
+        for s in signatures:
+            ok = sorted((r for r in found[s] if r.ok), key=lambda r: r.latency_s)
+            self.best[s] = ok[0] if ok else None
+            self.stats.failures += [Failure(s, _ops(kernels[s]), r.backend, r.status, r.message)
+                                    for r in found[s] if not r.ok]
+
+    def _checked_builds(self, todo, kernels) -> list[_Checked]:
+        if self.jobs == 1 or len(todo) < 2:
+            return [_build_and_check(b, kernels[s], self.device) for s, b in todo]
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+        futures = [self._pool.submit(_worker, self.target, kernels[s], self.device, b.name) for s, b in todo]
+        return [f.result() for f in futures]
+
+    def _measure(self, todo: list[tuple[str, Backend]], kernels: Mapping[str, Graph]) -> list[Record]:
+        records = []
+        for (s, backend), checked in zip(todo, self._checked_builds(todo, kernels)):
+            if self.on_kernel:
+                self.on_kernel(f"{backend.name} {_ops(kernels[s])}")
+            latency, variant = None, None
+            status, message, error, launches = checked.status, checked.message, checked.max_rel_error, checked.launches
+            if status == "ok":
+                try:
+                    latency, variant, launches = self._time(checked.built or backend.build(kernels[s], self.device),
+                                                            kernels[s])
+                except Exception as exc:
+                    status, message = "timing_failed", _one_line(exc)
+            records.append(Record(signature=s, device=self.device_key, backend=backend.name,
+                                  backend_version=self.versions[backend.name], status=status, latency_s=latency,
+                                  message=message, launches=launches, variant=variant, max_rel_error=error))
+            self.stats.measured += 1
+        return records
+
+    def _time(self, built, kernel: Graph) -> tuple[float, dict | None, int]:
+        """(median seconds, chosen launch variant, launches); a kernel built by a worker is rebuilt here from the
+        compilers' on-disk caches."""
+        nbytes = sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs))
+        sets = rotation_sets(lambda i: [x.to(self.device) for x in random_inputs(kernel, seed=i)], nbytes,
+                             device=self.device)
+        tune = getattr(built, "tune", None)
+        if tune is not None and self.device != "cpu":
+            seconds = tune(lambda call: time_kernel(lambda i: call(), device=self.device).median_s, sets[0])
+            variant = {"variant": built.variant.describe()}
+        else:
+            variant = None
+        seconds = time_kernel(lambda i: built(*sets[i]), device=self.device, rotate=len(sets)).median_s
+        return seconds, variant, built.launches
+
+
+def _ops(kernel: Graph) -> str:
+    return "+".join(n.op.value for n in kernel.nodes)

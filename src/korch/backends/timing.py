@@ -1,0 +1,177 @@
+"""Timing one kernel: warm up, repeat within a time budget, report the median.
+
+``time_kernel(call, device=...)`` calls ``call(i)``, where ``i`` picks one of
+``rotate`` input sets, in turn: consecutive runs read different buffers, so a
+small kernel is not flattered by finding its inputs already in cache (the
+caller allocates enough sets with ``rotation_sets``, sized against the cache by
+``cache_size``). Warm-up (module load, compilation, allocator growth, clock
+ramp) is at least ``warmup`` calls and ``warmup_s`` seconds; then timed runs
+follow until ``repeats`` runs or, once ``min_repeats`` are in, ``budget_s``
+seconds of them. The median is the measurement; the minimum is kept beside it.
+
+* CPU: ``time.perf_counter`` around each call.
+* CUDA: work is asynchronous, so each run sits between a pair of
+  ``torch.cuda.Event(enable_timing=True)`` recorded on the current stream; the
+  warm-up, timed on the host with a synchronize at both ends, estimates one
+  run's time, which sets how many runs fit the budget; every pair is recorded
+  before a single synchronize reads them, so the host never stalls between
+  runs. A short device-side spin (``torch.cuda._sleep``) goes first so that
+  the host queues runs ahead of the GPU: a small kernel is then timed back to
+  back, as in a replayed CUDA graph, not waiting on the host's launch.
+
+These are the timer's mechanics only; the caller checks the kernel's output
+separately (``backends/check.py``) and never times on zeros.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import torch
+
+WARMUP_CALLS = 3
+WARMUP_S = 0.01
+MAX_REPEATS = 100
+MIN_REPEATS = 5
+BUDGET_S = 0.1
+MAX_ROTATION_SETS = 64
+DEFAULT_CPU_CACHE_BYTES = 32 << 20
+DEFAULT_GPU_CACHE_BYTES = 50 << 20  # H100's L2
+# Device spin before the timed CUDA runs: per queued run (a generous host cost of
+# one launch plus two events), capped; cycles per second assumes a ~2 GHz clock.
+HOST_LEAD_PER_RUN_S = 50e-6
+MAX_HOST_LEAD_S = 0.02
+GPU_CYCLES_PER_S = 2e9
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    median_s: float
+    min_s: float
+    runs: int
+
+
+def summarize(samples: Sequence[float]) -> Timing:
+    if not samples:
+        raise ValueError("no timed runs")
+    return Timing(median_s=statistics.median(samples), min_s=min(samples), runs=len(samples))
+
+
+def planned_runs(estimate_s: float, budget_s: float, min_repeats: int, repeats: int) -> int:
+    """How many runs of ``estimate_s`` each fit ``budget_s``, within [min_repeats, repeats]."""
+    fit = int(budget_s / estimate_s) if estimate_s > 0 else repeats
+    return max(min(fit, repeats), min(min_repeats, repeats), 1)
+
+
+class _Rotation:
+    """Input-set indices 0, 1, ..., rotate - 1, 0, ... across warm-up and timed runs alike."""
+
+    def __init__(self, rotate: int | None):
+        if rotate is not None and rotate < 1:
+            raise ValueError(f"rotate must be >= 1, got {rotate}")
+        self.rotate = rotate or 1
+        self.count = 0
+
+    def next(self) -> int:
+        index = self.count % self.rotate
+        self.count += 1
+        return index
+
+
+def time_kernel(call: Callable[[int], object], *, device: str | torch.device, warmup: int = WARMUP_CALLS,
+                repeats: int = MAX_REPEATS, rotate: int | None = None, warmup_s: float = WARMUP_S,
+                budget_s: float = BUDGET_S, min_repeats: int = MIN_REPEATS) -> Timing:
+    """The median and fastest of timed runs of ``call(i)`` on ``device``, ``i`` cycling over ``rotate`` sets."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    rotation = _Rotation(rotate)
+    device = torch.device(device)
+    if device.type == "cuda":
+        return _time_cuda(call, device, rotation, warmup, warmup_s, repeats, min_repeats, budget_s)
+    if device.type != "cpu":
+        raise ValueError(f"cannot time kernels on {device.type} devices")
+    return _time_cpu(call, rotation, warmup, warmup_s, repeats, min_repeats, budget_s)
+
+
+def _warm_up(call, rotation: _Rotation, calls: int, seconds: float, sync: Callable[[], None]) -> float:
+    """Run at least ``calls`` calls and ``seconds`` seconds; returns the mean seconds per call."""
+    sync()
+    start = time.perf_counter()
+    done = 0
+    while done < calls or time.perf_counter() - start < seconds:
+        call(rotation.next())
+        done += 1
+    sync()
+    return (time.perf_counter() - start) / done if done else 0.0
+
+
+def _time_cpu(call, rotation, warmup, warmup_s, repeats, min_repeats, budget_s) -> Timing:
+    _warm_up(call, rotation, warmup, warmup_s, sync=lambda: None)
+    samples: list[float] = []
+    started = time.perf_counter()
+    while len(samples) < repeats and (len(samples) < min_repeats or time.perf_counter() - started < budget_s):
+        index = rotation.next()
+        start = time.perf_counter()
+        call(index)
+        samples.append(time.perf_counter() - start)
+    return summarize(samples)
+
+
+def _time_cuda(call, device, rotation, warmup, warmup_s, repeats, min_repeats, budget_s) -> Timing:
+    with torch.cuda.device(device):
+        def sync():
+            torch.cuda.synchronize(device)
+
+        estimate = _warm_up(call, rotation, warmup, warmup_s, sync)
+        runs = planned_runs(estimate, budget_s, min_repeats, repeats)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(runs)]
+        _hold_device(min(runs * HOST_LEAD_PER_RUN_S, MAX_HOST_LEAD_S))
+        for start, end in events:
+            index = rotation.next()  # chosen before the start event: host work stays outside the timed region
+            start.record()
+            call(index)
+            end.record()
+        sync()
+        return summarize([start.elapsed_time(end) * 1e-3 for start, end in events])  # elapsed_time is in ms
+
+
+def _hold_device(seconds: float) -> None:
+    """Queue a device-side spin of about ``seconds`` on the current stream (if this torch has one)."""
+    spin = getattr(torch.cuda, "_sleep", None)
+    if spin is not None and seconds > 0:
+        spin(int(seconds * GPU_CYCLES_PER_S))
+
+
+def cache_size(device: str | torch.device) -> int:
+    """Bytes of cache that could hold a kernel's inputs between runs: L2 on a GPU, all data caches on a CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+        return int(size) or DEFAULT_GPU_CACHE_BYTES
+    from korch.cost import probe
+
+    size = probe.cache_bytes()
+    return DEFAULT_CPU_CACHE_BYTES if size == probe.FALLBACK_CACHE_BYTES else size
+
+
+def rotation_count(nbytes: int, cache_bytes: int, cap: int = MAX_ROTATION_SETS) -> int:
+    """Fewest input sets of ``nbytes`` each whose total exceeds ``cache_bytes``, at most ``cap``."""
+    if nbytes <= 0:
+        return 1
+    return max(1, min(cap, math.floor(cache_bytes / nbytes) + 1))
+
+
+def rotation_sets(make_inputs: Callable[[int], T], nbytes: int, cache_bytes: int | None = None, *,
+                  device: str | torch.device = "cpu", cap: int = MAX_ROTATION_SETS) -> list[T]:
+    """``make_inputs(i)`` for i in range(n): enough sets of ``nbytes`` to overflow the cache (``cache_size``)."""
+    if cache_bytes is None:
+        cache_bytes = cache_size(device)
+    return [make_inputs(i) for i in range(rotation_count(nbytes, cache_bytes, cap))]

@@ -1,0 +1,135 @@
+"""A kernel graph as a torch function: the library backend runs it eagerly, Inductor compiles it.
+
+The reference executor is written for plainness (index maps built with numpy,
+CPU tensors); here each primitive uses torch's own fast operator where one
+exists (slicing views, ``F.pad``, ``F.max_pool2d``, ``F.conv2d`` on cuDNN or
+oneDNN), and every index tensor is made once, at build time, on the kernel's
+device. Ops without an override here use the reference's implementation, which
+is device-agnostic for them. Opaque primitives run in ONNX Runtime on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from korch.ir.graph import Graph, Node
+from korch.ir.ops import Op
+from korch.runtime import reference
+
+NodeFn = Callable[..., list[torch.Tensor]]
+_POOL = {(Op.MAX_POOL, 1): F.max_pool1d, (Op.MAX_POOL, 2): F.max_pool2d, (Op.MAX_POOL, 3): F.max_pool3d,
+         (Op.AVG_POOL, 1): F.avg_pool1d, (Op.AVG_POOL, 2): F.avg_pool2d, (Op.AVG_POOL, 3): F.avg_pool3d}
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_TORCH_PAD_MODES = {"reflect": "reflect", "edge": "replicate", "wrap": "circular"}
+
+
+def _symmetric(pads: Sequence[int]) -> list[int] | None:
+    k = len(pads) // 2
+    return list(pads[:k]) if list(pads[:k]) == list(pads[k:]) else None
+
+
+def _slice(node: Node, device) -> NodeFn:
+    a = node.attrs
+    index = []
+    for start, step, count in zip(a["starts"], a["steps"], a["shape"]):
+        if step > 0:
+            index.append(slice(start, start + step * (count - 1) + 1, step))
+        else:
+            index.append(None)  # negative steps: an index tensor
+    if all(i is not None for i in index):
+        key = tuple(index)
+        return lambda x: [x[key]]
+    tensors = [torch.as_tensor(start + step * np.arange(count), device=device)
+               for start, step, count in zip(a["starts"], a["steps"], a["shape"])]
+
+    def run(x):
+        for axis, (i, t) in enumerate(zip(index, tensors)):
+            x = x[(slice(None),) * axis + (i,)] if i is not None else torch.index_select(x, axis, t)
+        return [x]
+    return run
+
+
+def _pad(node: Node, input_shape: Sequence[int], device) -> NodeFn:
+    pads, mode = list(node.attrs["pads"]), node.attrs["mode"]
+    rank = len(pads) // 2
+    if mode == "constant":
+        torch_pads = [p for axis in reversed(range(rank)) for p in (pads[axis], pads[rank + axis])]
+        return lambda x, value=None: [F.pad(x, torch_pads, value=0.0 if value is None else value.item())]
+    maps = {axis: torch.as_tensor(reference.pad_index(size, pads[axis], pads[rank + axis], mode), device=device)
+            for axis, size in enumerate(input_shape) if pads[axis] or pads[rank + axis]}
+
+    def run(x, value=None):
+        for axis, index in maps.items():
+            x = torch.index_select(x, axis, index)
+        return [x]
+    return run
+
+
+def _pool(node: Node) -> NodeFn | None:
+    a = node.attrs
+    k = len(a["kernel"])
+    pads = _symmetric(a["pads"])
+    if pads is None or any(2 * p > kk for p, kk in zip(pads, a["kernel"])):
+        return None
+    fn = _POOL[(node.op, k)]
+    if node.op is Op.MAX_POOL:
+        return lambda x: [fn(x, a["kernel"], a["strides"], pads, a["dilations"])]
+    if any(d != 1 for d in a["dilations"]):
+        return None
+    include = bool(a["count_include_pad"])
+    return lambda x: [fn(x, a["kernel"], a["strides"], pads, count_include_pad=include)]
+
+
+def _conv(node: Node) -> NodeFn:
+    a = node.attrs
+    pads = _symmetric(a["pads"])
+    k = len(a["strides"])
+    fn = _CONV[k]
+    if pads is None:
+        return lambda x, w: [fn(reference._pad_spatial(x, a["pads"], 0.0), w, stride=a["strides"],
+                                dilation=a["dilations"], groups=a["group"])]
+    return lambda x, w: [fn(x, w, stride=a["strides"], padding=pads, dilation=a["dilations"], groups=a["group"])]
+
+
+def _opaque(node: Node) -> NodeFn:
+    def run(*xs):
+        device = next((x.device for x in xs if x is not None), torch.device("cpu"))
+        outs = reference.run_node(node, [None if x is None else x.cpu() for x in xs])
+        return [o.to(device) for o in outs]
+    return run
+
+
+def node_function(graph: Graph, node: Node, device) -> NodeFn:
+    """A callable from the node's input tensors to its output tensors, on ``device``."""
+    if node.op is Op.SLICE:
+        return _slice(node, device)
+    if node.op is Op.PAD:
+        return _pad(node, graph.tensors[node.inputs[0]].shape, device)
+    if node.op in (Op.MAX_POOL, Op.AVG_POOL):
+        fn = _pool(node)
+        if fn is not None:
+            return fn
+    if node.op is Op.CONV:
+        return _conv(node)
+    if node.op is Op.OPAQUE:
+        return _opaque(node)
+    return lambda *xs: reference.run_node(node, xs)
+
+
+def kernel_function(kernel: Graph, device) -> Callable[..., list[torch.Tensor]]:
+    """``f(*inputs) -> outputs`` computing ``kernel`` with torch on ``device`` (constants bound, on the device)."""
+    constants = {name: reference.as_torch(v).to(device) for name, v in kernel.constants.items()}
+    steps = [(node_function(kernel, node, device), node.inputs, node.outputs) for node in kernel.nodes]
+    inputs, outputs = list(kernel.inputs), list(kernel.outputs)
+
+    def run(*values: torch.Tensor) -> list[torch.Tensor]:
+        env = dict(constants)
+        env.update(zip(inputs, values))
+        for fn, ins, outs in steps:
+            env.update(zip(outs, fn(*[env[n] if n else None for n in ins])))
+        return [env[n] for n in outputs]
+    return run

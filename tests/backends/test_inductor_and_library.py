@@ -1,0 +1,84 @@
+"""The Inductor (C++ on CPUs) and library backends against the reference executor."""
+
+import numpy as np
+import pytest
+
+from korch.backends.check import check, random_inputs
+from korch.backends.inductor import InductorBackend, count_launches
+from korch.backends.library import LibraryBackend
+from korch.backends.torch_ops import kernel_function
+from korch.ir.subgraph import extract
+from korch.orchestrate.candidates import enumerate_candidates
+from korch.runtime import reference
+from korch.summary import load_model
+from tests.backends import cases
+from tests.backends.kernels import check_built
+
+
+@pytest.mark.parametrize("case", list(cases.ALL))
+def test_inductor_builds_the_fused_cases(case):
+    graph = cases.ALL[case]()
+    built = InductorBackend().build(graph, "cpu")
+    check_built(built, graph)
+    assert built.launches >= 1
+    assert "def call(" in built.source
+
+
+def test_inductor_fuses_softmax_into_one_cpp_kernel():
+    built = InductorBackend().build(cases.softmax(), "cpu")
+    assert built.launches == 1
+
+
+def test_launch_count_reads_generated_kernels_and_library_calls():
+    code = ("cpp_fused_0 = async_compile.cpp_pybinding(['float*'], '''...''')\n"
+            "def call(args):\n    extern_kernels.mm(a, b, out=c)\n    cpp_fused_0(c)\n"
+            "def benchmark_compiled_module():\n    extern_kernels.mm(x, y)\n")
+    assert count_launches(code) == 2
+
+
+def test_library_claims_single_primitives_only():
+    lib = LibraryBackend()
+    assert lib.claims(cases.gelu_erf()) is not None
+    softmax = cases.softmax()
+    single = extract(softmax, [0], softmax.inputs, [softmax.nodes[0].outputs[0]])
+    assert lib.claims(single) is None
+    check_built(lib.build(single, "cpu"), single)
+
+
+@pytest.mark.parametrize("model", ["zoo:candy", "zoo:segformer_b0"])
+def test_torch_lowering_matches_the_reference_on_zoo_candidates(model):
+    """The fast torch lowering (library eager, Inductor's input) on a seeded sample of real candidates."""
+    _, graph, _ = load_model(model)
+    candidates = enumerate_candidates(graph).candidates
+    rng = np.random.default_rng(0)
+    for i in rng.choice(len(candidates), 60, replace=False):
+        c = candidates[i]
+        k = extract(graph, c.nodes, c.inputs, c.outputs)
+        xs = random_inputs(k)
+        expected = reference.run(k, dict(zip(k.inputs, xs)))
+        for name, got in zip(k.outputs, kernel_function(k, "cpu")(*xs)):
+            np.testing.assert_allclose(got.numpy(), expected[name], rtol=1e-4, atol=1e-4, err_msg=c.signature)
+
+
+def test_a_wrong_kernel_fails_its_check():
+    graph = cases.softmax()
+
+    class Wrong:
+        backend, launches, source = "wrong", 1, None
+
+        def __call__(self, *inputs, out=None):
+            out[0].copy_(inputs[0])  # not a softmax
+            return list(out)
+    result = check(Wrong(), graph)
+    assert not result.ok and "relative error" in result.message
+
+
+def test_an_unwritten_output_fails_its_check():
+    graph = cases.softmax()
+
+    class Lazy:
+        backend, launches, source = "lazy", 1, None
+
+        def __call__(self, *inputs, out=None):
+            return list(out)  # leaves the poisoned buffer
+    assert not check(Lazy(), graph).ok

@@ -1,0 +1,99 @@
+"""Measured optimization on the CPU: build, check, time, remember; failures dropped and named, never fatal."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from korch.backends import measure, registry
+from korch.backends.base import BuildError
+from korch.backends.db import ProfileDB
+from korch.cli import main
+from korch.optimize import optimize
+
+
+def _model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Gelu", ["a"], ["g"]),
+             helper.make_node("LayerNormalization", ["g", "s", "t"], ["y"], axis=-1)]
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("w", (32, 32)), ("b", (32,)), ("s", (32,)), ("t", (32,)))]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (16, 32))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (16, 32))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+class Broken:
+    """A backend that claims every multi-primitive kernel and builds wrong ones (or none)."""
+
+    name = "broken"
+    version = "0"
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    def supports_device(self, device):
+        return True
+
+    def claims(self, kernel):
+        return None if len(kernel.nodes) > 1 else "broken: single primitives"
+
+    def build(self, kernel, device):
+        if self.mode == "build":
+            raise BuildError("broken: refuses to build")
+
+        class Wrong:
+            backend, launches, source = "broken", 1, None
+
+            def __call__(self, *inputs, out=None):
+                for buffer in out:
+                    buffer.fill_(1.0)
+                return list(out)
+        return Wrong()
+
+
+def test_measured_plan_then_database_hit(tmp_path):
+    db = tmp_path / "profile.sqlite"
+    first = optimize(_model(), target="cpu", cost="measured", db=db, jobs=1, max_kernel_nodes=3)
+    m = first.plan.stats["measurement"]
+    assert m["kernels_measured"] > 0 and not m["failures"]
+    assert all(k.measured and k.backend in ("inductor", "library") for k in first.plan.kernels)
+    assert all(k.cost_s >= k.bound_s for k in first.plan.kernels)
+    rows = ProfileDB(db).stats()["rows"]
+    assert rows == m["kernels_measured"]
+
+    second = optimize(_model(), target="cpu", cost="measured", db=db, jobs=1, max_kernel_nodes=3)
+    m2 = second.plan.stats["measurement"]
+    assert m2["kernels_measured"] == 0
+    assert [k.signature for k in second.plan.kernels] == [k.signature for k in first.plan.kernels]
+    assert ProfileDB(db).stats()["rows"] == rows
+
+
+@pytest.mark.parametrize("mode", ["build", "check"])
+def test_failing_kernels_are_dropped_counted_and_named(tmp_path, monkeypatch, mode):
+    real = registry.backends_for
+
+    def with_broken(target):
+        return [Broken(mode)] + real(target)
+    monkeypatch.setattr(registry, "backends_for", with_broken)
+    monkeypatch.setattr(measure, "backends_for", with_broken)
+    out = tmp_path / "out"
+    onnx.save(_model(), tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "--target", "cpu", "--cost", "measured", "--jobs", "1",
+                 "--db", str(tmp_path / "db.sqlite"), "--max-kernel-nodes", "3", "-o", str(out), "-q"]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    failures = plan["stats"]["measurement"]["failures"]
+    assert failures and all(f["backend"] == "broken" for f in failures)
+    assert {f["status"] for f in failures} == {f"{mode}_failed"}
+    assert all(k["backend"] != "broken" for k in plan["kernels"])
+    report = (out / "report.md").read_text()
+    assert "failed to build or check" in report and failures[0]["signature"][:12] in report
+
+
+def test_parallel_workers_build_and_check(tmp_path):
+    result = optimize(_model(), target="cpu", cost="measured", db=tmp_path / "p.sqlite", jobs=2, max_kernel_nodes=2)
+    m = result.plan.stats["measurement"]
+    assert m["kernels_measured"] > 0 and not m["failures"]

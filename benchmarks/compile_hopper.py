@@ -14,45 +14,20 @@ from __future__ import annotations
 
 import argparse
 import collections
-import concurrent.futures
 import datetime
 import json
-import multiprocessing
 import os
 import platform
 import random
 import sys
 import time
-from pathlib import Path
 
 PAPER_MODELS = ["candy", "efficientvit", "yolov4", "yolox_nano", "segformer_b0"]
 
 
-def _compile(kernel):
-    """(class, status, reason, seconds) of generating and compiling one kernel graph for sm_90."""
-    os.environ["TRITON_INTERPRET"] = "0"
-    from korch.backends.triton.backend import kernel_classes
-    from korch.backends.triton.launch import compile_for_target
-
-    start = time.perf_counter()
-    cls = next((c for c in kernel_classes() if c.claims(kernel) is None), None)
-    if cls is None:
-        return None, "refused", "", 0.0
-    try:
-        generated = cls.generate(kernel)
-    except Exception as exc:
-        return cls.name, "generate_failed", f"{type(exc).__name__}: {str(exc)[:120]}", time.perf_counter() - start
-    try:
-        compile_for_target(generated)
-    except Exception as exc:
-        first = str(exc).strip().splitlines()
-        return cls.name, "compile_failed", f"{type(exc).__name__}: {first[0][:120] if first else ''}", \
-            time.perf_counter() - start
-    return cls.name, "compiled", "", time.perf_counter() - start
-
-
 def survey(model: str, sample: int | None, jobs: int, seed: int = 0) -> dict:
     from korch.backends.registry import BackendPredicate, backends_for
+    from korch.backends.triton.ahead import compile_many
     from korch.backends.triton.backend import TritonBackend
     from korch.ir.subgraph import extract
     from korch.orchestrate.candidates import enumerate_candidates
@@ -75,26 +50,25 @@ def survey(model: str, sample: int | None, jobs: int, seed: int = 0) -> dict:
     signatures = sorted(claimed)
     if sample is not None and sample < len(signatures):
         signatures = random.Random(seed).sample(signatures, sample)
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = list(pool.map(_compile, [claimed[s] for s in signatures]))
+    results = compile_many([claimed[s] for s in signatures], jobs=jobs)
     by_class = collections.defaultdict(collections.Counter)
     failures = collections.Counter()
-    for cls, status, reason, _ in results:
-        by_class[cls][status] += 1
-        if status != "compiled":
-            failures[reason] += 1
+    for r in results:
+        by_class[r.kernel_class][r.status] += 1
+        if r.status != "compiled":
+            failures[r.reason] += 1
     return {
         "model": model, "candidates": len(candidates),
         "claimed": sum(count_by_signature[s] for s in claimed), "distinct_claimed": len(claimed),
-        "tried": len(signatures), "compiled": sum(1 for r in results if r[1] == "compiled"),
-        "compile_seconds": sum(r[3] for r in results),
+        "tried": len(signatures), "compiled": sum(1 for r in results if r.status == "compiled"),
+        "compile_seconds": sum(r.seconds for r in results),
         "by_class": {k: dict(v) for k, v in by_class.items()},
         "refusals": dict(refusals.most_common(8)), "failures": dict(failures.most_common(8)),
     }
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
-    lines = [f"# Triton kernels compiled for Hopper (sm_90) without a GPU", "",
+    lines = ["# Triton kernels compiled for Hopper (sm_90) without a GPU", "",
              f"- date {meta['date']}, host {meta['host']}, triton {meta['triton']}, torch {meta['torch']}",
              f"- command: `{meta['command']}`", "",
              "| model | candidates | claimed by Triton | share | distinct kernels claimed | compiled | tried | "

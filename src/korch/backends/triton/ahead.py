@@ -1,0 +1,67 @@
+"""Compiling generated kernels ahead of time for a GPU that is not here (Hopper by default).
+
+Used by the survey ``benchmarks/compile_hopper.py`` and by CI. Compiles run in
+spawned processes with the interpreter off: a process that has run kernels in
+Triton's interpreter keeps some of its patches to ``triton.language`` and cannot
+compile afterwards.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import multiprocessing
+import os
+import time
+from collections.abc import Sequence
+
+from korch.ir.graph import Graph
+
+
+@dataclasses.dataclass(frozen=True)
+class AheadResult:
+    kernel_class: str | None   # None: no class claims the kernel
+    status: str                # "compiled", "refused", "generate_failed", "compile_failed"
+    reason: str
+    seconds: float
+
+
+def compile_one(kernel: Graph, arch: int = 90) -> AheadResult:
+    """Generate ``kernel`` with the first Triton class that claims it and compile it for ``arch``."""
+    from korch.backends.triton.backend import kernel_classes
+    from korch.backends.triton.launch import compile_for_target
+
+    start = time.perf_counter()
+    cls = next((c for c in kernel_classes() if c.claims(kernel) is None), None)
+    if cls is None:
+        return AheadResult(None, "refused", "", 0.0)
+    try:
+        generated = cls.generate(kernel)
+    except Exception as exc:
+        return AheadResult(cls.name, "generate_failed", _first_line(exc), time.perf_counter() - start)
+    try:
+        compiled = compile_for_target(generated, arch)
+        if not compiled.asm.get("cubin"):
+            raise RuntimeError("no cubin")
+    except Exception as exc:
+        return AheadResult(cls.name, "compile_failed", _first_line(exc), time.perf_counter() - start)
+    return AheadResult(cls.name, "compiled", "", time.perf_counter() - start)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:160] if lines else ''}"
+
+
+def _init_worker() -> None:
+    os.environ["TRITON_INTERPRET"] = "0"
+
+
+def compile_many(kernels: Sequence[Graph], arch: int = 90, jobs: int | None = None) -> list[AheadResult]:
+    """``compile_one`` of each kernel, in ``jobs`` spawned processes (default: the core count)."""
+    if not kernels:
+        return []
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs or os.cpu_count() or 1, mp_context=context,
+                                                initializer=_init_worker) as pool:
+        return list(pool.map(compile_one, kernels, [arch] * len(kernels)))

@@ -10,6 +10,7 @@ from onnx import helper
 from korch.backends.base import BuildError
 from korch.backends.check import check
 from korch.backends.triton import backend as triton_backend
+from korch.backends.triton.ahead import compile_generated as compile_for_hopper
 from korch.backends.triton.backend import TritonBackend, kernel_class_of
 from korch.backends.triton.launch import TritonKernel
 from korch.backends.triton.pointwise import POINTWISE
@@ -20,7 +21,6 @@ from tests.backends import (
     test_triton_reduction,
     test_triton_window,
 )
-from tests.backends.hopper import compile_for_hopper
 from tests.backends.kernels import check_built, kernel
 
 MINE = {"pointwise": POINTWISE, "reduction": REDUCTION, "window": WINDOW}

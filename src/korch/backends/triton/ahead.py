@@ -57,11 +57,30 @@ def _init_worker() -> None:
     os.environ["TRITON_INTERPRET"] = "0"
 
 
-def compile_many(kernels: Sequence[Graph], arch: int = 90, jobs: int | None = None) -> list[AheadResult]:
-    """``compile_one`` of each kernel, in ``jobs`` spawned processes (default: the core count)."""
-    if not kernels:
+def _compile_generated(generated, arch: int) -> str | None:
+    from korch.backends.triton.launch import compile_for_target
+
+    try:
+        compile_for_target(generated, arch)
+    except Exception as exc:
+        return _first_line(exc)
+    return None
+
+
+def _in_workers(fn, items: Sequence, arch: int, jobs: int | None) -> list:
+    if not items:
         return []
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(jobs or os.cpu_count() or 1, mp_context=context,
                                                 initializer=_init_worker) as pool:
-        return list(pool.map(compile_one, kernels, [arch] * len(kernels)))
+        return list(pool.map(fn, items, [arch] * len(items)))
+
+
+def compile_many(kernels: Sequence[Graph], arch: int = 90, jobs: int | None = None) -> list[AheadResult]:
+    """``compile_one`` of each kernel graph, in ``jobs`` spawned processes (default: the core count)."""
+    return _in_workers(compile_one, kernels, arch, jobs)
+
+
+def compile_generated(generated: Sequence, arch: int = 90, jobs: int | None = None) -> list[str | None]:
+    """Compile already generated kernels (``GeneratedKernel``) in spawned processes: an error line or None each."""
+    return _in_workers(_compile_generated, generated, arch, jobs)

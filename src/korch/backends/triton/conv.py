@@ -19,31 +19,28 @@ from __future__ import annotations
 import math
 
 from korch.backends.triton import tiled
-from korch.backends.triton.fusion import (Counter, Derived, Emitter, Ix, Params, Unsupported, Val, ZERO,
-                                          contiguous_strides, epilogue, free_tensors,
-                                          side_outputs)
-from korch.backends.triton.generated import GeneratedKernel
+from korch.backends.triton.fusion import (
+    ZERO,
+    Counter,
+    Derived,
+    Emitter,
+    Ix,
+    Params,
+    Unsupported,
+    Val,
+    contiguous_strides,
+    epilogue,
+    free_tensors,
+    side_outputs,
+)
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import Op
 
 A, K, M, N = frozenset("mk"), frozenset("k"), frozenset("m"), frozenset("n")
 
 
-class ConvClass:
+class ConvClass(tiled.GemmClass):
     name = "conv"
-
-    def __init__(self, input_precision: str = tiled.DEFAULT_PRECISION):
-        self.input_precision = input_precision
-
-    def claims(self, kernel: Graph) -> str | None:
-        try:
-            self._plan(kernel)
-        except Unsupported as exc:
-            return str(exc)
-        return None
-
-    def generate(self, kernel: Graph) -> GeneratedKernel:
-        return tiled.generated(self._plan(kernel), self.input_precision)
 
     def _plan(self, kernel: Graph) -> tiled.GemmPlan:
         if any(n.op is Op.CONV_TRANSPOSE for n in kernel.nodes):

@@ -12,29 +12,25 @@ output must depend on the product.
 from __future__ import annotations
 
 from korch.backends.triton import tiled
-from korch.backends.triton.fusion import (Counter, Derived, Emitter, Ix, Params, Unsupported, Val, ZERO,
-                                          broadcast_index, epilogue, free_tensors,
-                                          side_outputs)
-from korch.backends.triton.generated import GeneratedKernel
+from korch.backends.triton.fusion import (
+    ZERO,
+    Counter,
+    Derived,
+    Emitter,
+    Ix,
+    Params,
+    Val,
+    broadcast_index,
+    epilogue,
+    free_tensors,
+    side_outputs,
+)
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
 
 
-class MatmulClass:
+class MatmulClass(tiled.GemmClass):
     name = "matmul"
-
-    def __init__(self, input_precision: str = tiled.DEFAULT_PRECISION):
-        self.input_precision = input_precision
-
-    def claims(self, kernel: Graph) -> str | None:
-        try:
-            self._plan(kernel)
-        except Unsupported as exc:
-            return str(exc)
-        return None
-
-    def generate(self, kernel: Graph) -> GeneratedKernel:
-        return tiled.generated(self._plan(kernel), self.input_precision)
 
     def _plan(self, kernel: Graph) -> tiled.GemmPlan:
         node = tiled.linear_node(kernel, Op.MATMUL)

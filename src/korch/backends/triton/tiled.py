@@ -154,3 +154,25 @@ def block_sizes(m: int, n: int, k: int) -> list[tuple[int, int, int, int, int]]:
 
 def _clip(block: int, size: int) -> int:
     return max(16, min(block, 1 << max(0, size - 1).bit_length()))
+
+
+class GemmClass:
+    """A kernel class whose kernels are one tiled GEMM: subclasses say how a kernel becomes a ``GemmPlan``."""
+
+    name = "gemm"
+
+    def __init__(self, input_precision: str = DEFAULT_PRECISION):
+        self.input_precision = input_precision
+
+    def claims(self, kernel: Graph) -> str | None:
+        try:
+            self._plan(kernel)
+        except Unsupported as exc:
+            return str(exc)
+        return None
+
+    def generate(self, kernel: Graph) -> GeneratedKernel:
+        return generated(self._plan(kernel), self.input_precision)
+
+    def _plan(self, kernel: Graph) -> GemmPlan:
+        raise NotImplementedError

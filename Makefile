@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.korch-installed
+CHROMIUM := /usr/bin/chromium
+SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: demo test venv clean
 
@@ -20,9 +22,16 @@ demo: $(STAMP)
 	$(VENV)/bin/korch zoo export candy $(VENV)/demo/candy.onnx
 	$(VENV)/bin/korch inspect $(VENV)/demo/candy.onnx
 	$(VENV)/bin/korch fission $(VENV)/demo/candy.onnx $(VENV)/demo/candy.primitives.onnx
+	$(VENV)/bin/korch optimize $(VENV)/demo/candy.onnx --target cpu -o $(VENV)/demo/candy
+	$(VENV)/bin/korch optimize zoo:bert_layer --target cpu --cost measured --db $(VENV)/demo/profile.sqlite -o $(VENV)/demo/bert
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest -q -n 2 tests
+
+# The HTML report's test renders the page in headless Chromium (Debian's package).
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

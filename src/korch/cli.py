@@ -90,6 +90,7 @@ def cmd_optimize(args) -> int:
     from korch.fsutil import atomic_write_bytes
     from korch.optimize import optimize
     from korch.orchestrate.report import render_markdown
+    from korch.orchestrate.report_html import write_html_report
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   transient=True, disable=args.quiet) as progress:
@@ -115,6 +116,7 @@ def cmd_optimize(args) -> int:
     out = args.output
     plan.save(out / "plan.json")
     atomic_write_bytes(out / "report.md", render_markdown(plan, result.rejected).encode())
+    write_html_report(out, result.graph, plan)
     optimal = all(s.optimal for s in plan.segments)
     print(f"{plan.model}: {len(result.graph.nodes)} primitives, {result.candidates} candidate kernels, "
           f"{len(plan.segments)} segments -> {len(plan.kernels)} kernels, predicted "
@@ -126,7 +128,7 @@ def cmd_optimize(args) -> int:
         print(f"measured {measurement['kernels_measured']} kernels ({measurement['signatures_asked']} distinct "
               f"candidates asked, {measurement['from_database']} answered by the database "
               f"{measurement['device']}); {len(measurement['failures'])} kernels failed and were dropped")
-    print(f"wrote {out / 'plan.json'} and {out / 'report.md'}")
+    print(f"wrote {out / 'plan.json'}, {out / 'report.md'} and {out / 'report.html'}")
     return 0
 
 

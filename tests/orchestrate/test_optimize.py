@@ -41,6 +41,8 @@ def test_optimize_cli_writes_plan_and_report(tmp_path):
     assert plan["format"] == "korch-plan" and plan["kernels"]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "Kernels in execution order" in report and "predicted latency" in report
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert all(f'id="kernel-{k["name"]}"' in page for k in plan["kernels"])
 
 
 @pytest.mark.parametrize("args,needle", [

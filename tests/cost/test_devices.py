@@ -48,6 +48,7 @@ def test_unknown_target_names_the_known_ones():
 def test_probe_writes_its_file_then_reads_it(tmp_path, monkeypatch):
     probe._cpu_device_at.cache_clear()
     monkeypatch.setattr(probe, "measure", lambda: dict(FAKE))
+    monkeypatch.setattr(probe, "peak_matrix_flops", lambda: 0.0)
     with config.patch(cache_dir=tmp_path):
         first = get_device("cpu")
         (path,) = (tmp_path / "devices").glob("cpu-*.json")
@@ -65,6 +66,20 @@ def test_probe_writes_its_file_then_reads_it(tmp_path, monkeypatch):
     assert first.matrix_flops == {"float32": 50e9 * probe.FLOPS_HEADROOM}
     assert first.vector_flops == 2 * first.matrix_flops["float32"]
     assert first.launch_overhead == 2e-6 * probe.LAUNCH_HEADROOM
+
+
+def test_the_matrix_ceiling_is_never_below_the_fma_peak(tmp_path, monkeypatch):
+    probe._cpu_device_at.cache_clear()
+    monkeypatch.setattr(probe, "measure", lambda: dict(FAKE))
+    monkeypatch.setattr(probe, "peak_matrix_flops", lambda: 1e12)
+    with config.patch(cache_dir=tmp_path):
+        device = get_device("cpu")
+    probe._cpu_device_at.cache_clear()
+    assert device.matrix_flops == {"float32": 1e12}
+
+
+def test_fma_peak_is_read_from_cpuinfo():
+    assert probe.peak_matrix_flops() >= 16 * 1e9  # at least one core, 16 FLOP/cycle, 1 GHz on any Linux host
 
 
 def test_probe_remeasures_a_corrupt_file(tmp_path, monkeypatch):

@@ -22,7 +22,6 @@ import dataclasses
 import math
 import multiprocessing
 import os
-import platform
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -57,16 +56,10 @@ class MeasureStats:
 
 def device_key(target: str) -> str:
     """The device part of a database key: the GPU kind, or the CPU model with its core count."""
+    from korch.cost.probe import cpu_model
+
     name = get_device(target).name
-    if name != "cpu":
-        return name
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"cpu:{model}:{os.cpu_count()}"
+    return name if name != "cpu" else f"cpu:{cpu_model()}:{os.cpu_count()}"
 
 
 @dataclasses.dataclass
@@ -120,6 +113,7 @@ class KernelMeasurer:
         self.versions = {b.name: b.version for b in self.backends}
         self.jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
         self.best: dict[str, Record | None] = {}
+        self._kernels: dict[str, tuple[Graph, list[Backend]]] = {}  # signature -> kernel graph, claiming backends
         self.stats = MeasureStats()
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
@@ -148,12 +142,8 @@ class KernelMeasurer:
         for c in candidate_ids:
             representative.setdefault(self.candidates[c].signature, c)
         found = self.db.lookup(representative, self.device_key, self.versions)
-        complete = set()
-        for s, records in found.items():
-            if records:
-                claiming = {b.name for b in self.backends if b.claims(self.kernel_graph(representative[s])) is None}
-                if claiming <= {r.backend for r in records}:
-                    complete.add(s)
+        complete = {s for s, records in found.items() if records and
+                    {b.name for b in self._claimed(s, representative[s])[1]} <= {r.backend for r in records}}
         return self.measure([c for c in candidate_ids if self.candidates[c].signature in complete])
 
     def record_for(self, candidate_id: int) -> Record | None:
@@ -170,14 +160,21 @@ class KernelMeasurer:
         c = self.candidates[candidate_id]
         return extract(self.graph, c.nodes, c.inputs, c.outputs, name=f"c{candidate_id}")
 
+    def _claimed(self, signature: str, candidate_id: int) -> tuple[Graph, list[Backend]]:
+        """The kernel graph of a signature and the backends that claim it, worked out once."""
+        if signature not in self._kernels:
+            kernel = self.kernel_graph(candidate_id)
+            self._kernels[signature] = kernel, [b for b in self.backends if b.claims(kernel) is None]
+        return self._kernels[signature]
+
     def _resolve(self, signatures: list[str], representative: Mapping[str, int]) -> None:
         self.stats.asked += len(signatures)
         found = self.db.lookup(signatures, self.device_key, self.versions)
-        kernels = {s: self.kernel_graph(representative[s]) for s in signatures}
+        kernels = {s: self._claimed(s, representative[s])[0] for s in signatures}
         todo: list[tuple[str, Backend]] = []
         for s in signatures:
             have = {r.backend for r in found[s]}
-            missing = [b for b in self.backends if b.name not in have and b.claims(kernels[s]) is None]
+            missing = [b for b in self._claimed(s, representative[s])[1] if b.name not in have]
             todo += [(s, b) for b in missing]
             if not missing:
                 self.stats.from_db += 1
@@ -225,12 +222,10 @@ class KernelMeasurer:
         nbytes = sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs))
         sets = rotation_sets(lambda i: [x.to(self.device) for x in random_inputs(kernel, seed=i)], nbytes,
                              device=self.device)
-        tune = getattr(built, "tune", None)
-        if tune is not None and self.device != "cpu":
-            seconds = tune(lambda call: time_kernel(lambda i: call(), device=self.device).median_s, sets[0])
+        variant = None
+        if hasattr(built, "tune") and self.device != "cpu":  # Triton: keep the fastest launch variant
+            built.tune(lambda call: time_kernel(lambda i: call(), device=self.device).median_s, sets[0])
             variant = {"variant": built.variant.describe()}
-        else:
-            variant = None
         seconds = time_kernel(lambda i: built(*sets[i]), device=self.device, rotate=len(sets)).median_s
         return seconds, variant, built.launches
 

@@ -126,7 +126,7 @@ def cache_bytes() -> int:
     return sum(seen.values()) or FALLBACK_CACHE_BYTES
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -139,7 +139,7 @@ def _cpu_model() -> str:
 def _cache_path() -> Path:
     import torch
 
-    key = f"{_cpu_model()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{PROBE_VERSION}"
+    key = f"{cpu_model()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{PROBE_VERSION}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(config.cache_dir) / "devices" / f"cpu-{digest}.json"
 
@@ -193,7 +193,7 @@ def _cpu_device_at(path: Path):
             pass  # a stale or foreign file: measure again
     import torch
 
-    record = {"cpu": _cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+    record = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
               "torch": torch.__version__, "probe_version": PROBE_VERSION,
               "cache_bytes": cache_bytes(), "measured": measure()}
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())

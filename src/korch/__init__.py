@@ -4,10 +4,28 @@ The pipeline, one sub-package per stage:
 ``frontend`` (ONNX / PyTorch import) -> ``fission`` (operators to primitives,
 the ``ir``) -> ``orchestrate`` (candidate kernels, binary linear program)
 -> ``cost`` (lower bounds, measured latencies) -> ``backends`` (kernel
-generators) -> ``runtime`` (execution).
+generators) -> ``runtime`` (executables).
+
+    exe = korch.optimize("model.onnx", target="cpu")     # or an nn.Module with example_inputs
+    y = exe(x)                                            # numpy arrays or torch tensors
+    exe = korch.load("OUTDIR")                            # what ``korch optimize -o OUTDIR`` wrote
 """
 
 from korch.errors import KorchError
 
 __version__ = "0.1.0"
-__all__ = ["KorchError", "__version__"]
+__all__ = ["KorchError", "__version__", "load", "optimize"]
+
+
+def optimize(model, example_inputs=None, **options):
+    """See ``korch.api.optimize``."""
+    from korch.api import optimize as _optimize
+
+    return _optimize(model, example_inputs, **options)
+
+
+def load(outdir, device=None):
+    """See ``korch.api.load``."""
+    from korch.api import load as _load
+
+    return _load(outdir, device)

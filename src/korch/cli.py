@@ -1,4 +1,4 @@
-"""The ``korch`` command line: inspect, fission, optimize, zoo and db.
+"""The ``korch`` command line: inspect, fission, optimize, run, bench, zoo and db.
 
 Every problem with the user's input ends the run with one line on stderr and
 exit status 2 (``KorchError``); warnings (opaque operators) print as one line
@@ -84,52 +84,179 @@ def cmd_fission(args) -> int:
     return 0
 
 
-def cmd_optimize(args) -> int:
+def _progress(quiet: bool):
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from korch.fsutil import atomic_write_bytes
-    from korch.optimize import optimize
-    from korch.orchestrate.report import render_markdown
-    from korch.orchestrate.report_html import write_html_report
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True,
+                    disable=quiet)
 
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  transient=True, disable=args.quiet) as progress:
+
+def _callbacks(progress, task):
+    from korch.api import Progress
+
+    measured = [0]
+
+    def on_kernel(what):
+        measured[0] += 1
+        progress.update(task, description=f"measure: kernel {measured[0]}: {what[:60]}")
+
+    return Progress(
+        on_stage=lambda name: progress.update(task, description=name),
+        on_segment=lambda i, n: progress.update(task, description=f"solve: segment {i + 1} of {n}"),
+        on_kernel=on_kernel,
+        on_build=lambda i, n, k: progress.update(task, description=f"build: kernel {i + 1} of {n}: {k.ops[:50]}"))
+
+
+def cmd_optimize(args) -> int:
+    from korch.api import compile_model
+
+    with _progress(args.quiet) as progress:
         task = progress.add_task("starting", total=None)
-
-        def on_stage(name):
-            progress.update(task, description=name)
-
-        def on_segment(i, n):
-            progress.update(task, description=f"solve: segment {i + 1} of {n}")
-
-        measured = [0]
-
-        def on_kernel(what):
-            measured[0] += 1
-            progress.update(task, description=f"measure: kernel {measured[0]}: {what[:60]}")
-
-        result = optimize(args.model, target=args.target, cost=args.cost, time_limit=args.time_limit,
-                          cut_points=args.cut_points, input_shapes=_input_shapes(args.input_shape),
-                          max_kernel_nodes=args.max_kernel_nodes, on_stage=on_stage, on_segment=on_segment,
-                          db=args.db, jobs=args.jobs, on_kernel=on_kernel)
+        compiled = compile_model(
+            args.model, output=args.output, target=args.target, cost=args.cost, db=args.db, jobs=args.jobs,
+            input_shapes=_input_shapes(args.input_shape), time_limit=args.time_limit, cut_points=args.cut_points,
+            max_kernel_nodes=args.max_kernel_nodes, plan_only=args.plan_only, progress=_callbacks(progress, task))
+    result, out = compiled.result, args.output
     plan = result.plan
-    out = args.output
-    plan.save(out / "plan.json")
-    atomic_write_bytes(out / "report.md", render_markdown(plan, result.rejected).encode())
-    write_html_report(out, result.graph, plan)
     optimal = all(s.optimal for s in plan.segments)
     print(f"{plan.model}: {len(result.graph.nodes)} primitives, {result.candidates} candidate kernels, "
           f"{len(plan.segments)} segments -> {len(plan.kernels)} kernels, predicted "
           f"{plan.predicted_latency_s * 1e3:.3f} ms on {plan.target} ({plan.cost_model}"
           f"{', optimal' if optimal else ', NOT proven optimal'}); "
-          f"total {sum(result.stage_seconds.values()):.1f} s")
+          f"plan in {sum(result.stage_seconds.values()):.1f} s")
     measurement = plan.stats.get("measurement")
     if measurement:
         print(f"measured {measurement['kernels_measured']} kernels ({measurement['signatures_asked']} distinct "
               f"candidates asked, {measurement['from_database']} answered by the database "
               f"{measurement['device']}); {len(measurement['failures'])} kernels failed and were dropped")
-    print(f"wrote {out / 'plan.json'}, {out / 'report.md'} and {out / 'report.html'}")
+    if compiled.written is None:
+        why = "as asked (--plan-only)" if args.plan_only else f"no {plan.target} device here"
+        print(f"wrote {out / 'plan.json'}, {out / 'report.md'} and {out / 'report.html'}; "
+              f"no executable: {why}")
+        return 0
+    memory = compiled.written.manifest["memory"]
+    print(f"executable: {len(plan.kernels)} kernels, planned memory {memory['peak_bytes'] / 2**20:.2f} MiB "
+          f"(one buffer per tensor: {memory['naive_bytes'] / 2**20:.2f} MiB); "
+          f"{compiled.executable.check.summary()}")
+    print(f"wrote {out} (model.py, weights, manifest.json, report.md, report.html); run it with: korch run {out}")
     return 0
+
+
+def _read_inputs(specs: Sequence[str] | None) -> dict:
+    import numpy as np
+
+    feeds = {}
+    for spec in specs or ():
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise KorchError(f"--input wants NAME=FILE.npy, got {spec!r}")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            raise KorchError(f"--input {name}: no such file {path}") from None
+        except (OSError, ValueError) as exc:
+            raise KorchError(f"--input {name}: {path} is not a .npy array ({exc})") from None
+    return feeds
+
+
+def cmd_run(args) -> int:
+    import time
+
+    import numpy as np
+    import onnx
+
+    from korch.api import load
+    from korch.runtime.selfcheck import check_outputs, seeded_inputs
+
+    executable = load(args.outdir)
+    feeds = _read_inputs(args.input)
+    unknown = [n for n in feeds if n not in executable.input_specs]
+    if unknown:
+        raise KorchError(f"unknown input(s) {', '.join(unknown)}; the executable takes {executable._describe()}")
+    random = [n for n in executable.input_names if n not in feeds]
+    if random:
+        feeds.update({n: v for n, v in seeded_inputs(executable.input_specs).items() if n in random})
+        print(f"seeded random input(s): {', '.join(random)}")
+    start = time.perf_counter()
+    outputs = executable.run(feeds)
+    print(f"ran {len(executable.kernels)} kernels on {executable.device} in {(time.perf_counter() - start) * 1e3:.1f} ms "
+          "(first call)")
+    for name, value in outputs.items():
+        stats = f"mean {float(np.mean(value)):.6g}, max |x| {float(np.abs(value).max(initial=0)):.6g}" \
+            if value.size and value.dtype.kind in "fiub" else ""
+        print(f"  {name}: {'x'.join(map(str, value.shape))} {value.dtype} {stats}")
+    if args.save_outputs:
+        import io
+
+        from korch.fsutil import atomic_write_bytes
+
+        for name, value in outputs.items():
+            buffer = io.BytesIO()
+            np.save(buffer, value)
+            atomic_write_bytes(Path(args.save_outputs) / f"{name.replace('/', '_')}.npy", buffer.getvalue())
+        print(f"wrote the outputs to {args.save_outputs}")
+    if not args.check:
+        return 0
+    from korch.runtime import ort
+
+    reference = onnx.load(str(Path(args.outdir) / "reference.onnx"))
+    expected = ort.run_model(reference, feeds, executable.output_names)
+    check = check_outputs(outputs, expected)
+    for o in check.outputs:
+        print(f"  {o.name}: max abs error {o.max_abs:.3g}, max rel error {o.max_rel:.3g}, "
+              f"relative norm {o.rel_norm:.3g} {'ok' if o.ok else 'MISMATCH'}")
+    print(check.summary())
+    return 0 if check.ok else 1
+
+
+def cmd_bench(args) -> int:
+    from korch import bench
+    from korch.api import compile_model, model_bytes
+
+    peers = bench.parse_peers(args.against)
+    with _progress(args.quiet) as progress:
+        task = progress.add_task("starting", total=None)
+        outdir = args.output
+        if outdir is None:
+            from korch import config
+
+            name = Path(args.model).stem.removeprefix("zoo:")
+            outdir = Path(config.cache_dir) / "bench" / f"{name}-{args.target or 'auto'}-{args.cost}"
+        compiled = compile_model(args.model, output=outdir, target=args.target, cost=args.cost, db=args.db,
+                                 jobs=args.jobs, input_shapes=_input_shapes(args.input_shape),
+                                 progress=_callbacks(progress, task))
+        if compiled.executable is None:
+            raise KorchError(f"korch bench runs on the target's device; no {compiled.result.plan.target} here")
+        executable, graph = compiled.executable, compiled.result.graph
+        result = bench.bench(executable, model=args.model, graph=graph, reference_model=model_bytes(args.model),
+                             peers=peers, target=executable.manifest["target"], budget_s=args.budget,
+                             on_system=lambda n: progress.update(task, description=f"time {n}"))
+    _print_bench(result)
+    if args.json:
+        bench.write_json(result, args.json)
+        print(f"wrote {args.json}")
+    from korch.orchestrate.report_html import write_html_report
+
+    write_html_report(outdir, graph, compiled.result.plan, benchmark=result.ratios(), executable=executable.manifest)
+    print(f"benchmark ratios added to {Path(outdir) / 'report.html'}")
+    return 0
+
+
+def _print_bench(result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{result.model} on {result.device} ({result.target})")
+    for column in ("system", "median ms", "min ms", "runs", "korch speedup"):
+        table.add_column(column, justify="left" if column == "system" else "right")
+    k = result.korch
+    table.add_row("korch", f"{k.median_s * 1e3:.3f}", f"{k.min_s * 1e3:.3f}", str(k.runs), "1.00x")
+    for p in result.peers:
+        table.add_row(f"{p.name} {p.note}".strip(), f"{p.median_s * 1e3:.3f}", f"{p.min_s * 1e3:.3f}", str(p.runs),
+                      f"{p.median_s / k.median_s:.2f}x")
+    Console().print(table)
+    for name, why in result.failed.items():
+        print(f"korch: warning: peer {name} failed: {why}", file=sys.stderr)
 
 
 def cmd_zoo(args) -> int:
@@ -198,19 +325,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ir", metavar="OUT.json", help="also write korch's JSON form of the graph")
     p.set_defaults(run=cmd_fission)
 
-    p = sub.add_parser("optimize", help="choose the optimal kernels: writes OUTDIR/plan.json and a report")
+    def plan_args(p):
+        p.add_argument("--target", help="cpu, h100, h200, a100 or v100 (default: the GPU present, else cpu)")
+        p.add_argument("--cost", default="measured",
+                       help="measured (kernels built, checked and timed; default) or roofline (lower bounds, fast)")
+        p.add_argument("--db", type=Path, metavar="PATH",
+                       help="profile database of measured kernels (default: profile.sqlite in the korch cache)")
+        p.add_argument("--jobs", type=int, metavar="N",
+                       help="processes compiling kernels in parallel (default: cores, at most 8)")
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+
+    p = sub.add_parser("optimize", help="choose the optimal kernels and write the executable to OUTDIR")
     model_args(p)
     p.add_argument("-o", "--output", type=Path, required=True, metavar="OUTDIR")
-    p.add_argument("--target", default="cpu", help="cpu, h100, h200, a100 or v100 (default: cpu)")
-    p.add_argument("--cost", default="roofline", help="roofline (lower bounds) or measured")
+    plan_args(p)
     p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit in seconds (default: none)")
     p.add_argument("--cut-points", metavar="FILE.toml", help="the Korch paper's cut points instead of automatic ones")
     p.add_argument("--max-kernel-nodes", type=int, metavar="N", help="largest candidate kernel, in primitives")
-    p.add_argument("--db", type=Path, metavar="PATH",
-                   help="profile database for --cost measured (default: profile.sqlite in the korch cache directory)")
-    p.add_argument("--jobs", type=int, metavar="N", help="processes compiling kernels in parallel (default: cores, at most 8)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    p.add_argument("--plan-only", action="store_true", help="write the plan and the reports, no executable")
     p.set_defaults(run=cmd_optimize)
+
+    p = sub.add_parser("run", help="run an executable written by korch optimize (and check it with --check)")
+    p.add_argument("outdir", type=Path, metavar="OUTDIR")
+    p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="an input array (repeatable); inputs not given are seeded random")
+    p.add_argument("--check", action="store_true",
+                   help="compare with ONNX Runtime on the original model; exit 1 on a mismatch")
+    p.add_argument("--save-outputs", type=Path, metavar="DIR", help="write each output to DIR/NAME.npy")
+    p.set_defaults(run=cmd_run)
+
+    p = sub.add_parser("bench", help="time korch against eager PyTorch, torch.compile and ONNX Runtime")
+    model_args(p)
+    plan_args(p)
+    p.add_argument("--against", default="eager,compile,ort", metavar="PEERS",
+                   help="comma-separated: eager, compile, compile-max-autotune, ort (default: eager,compile,ort)")
+    p.add_argument("-o", "--output", type=Path, metavar="OUTDIR",
+                   help="where to write korch's executable (default: under the korch cache)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--budget", type=float, default=2.0, metavar="S", help="seconds of timed runs per system")
+    p.set_defaults(run=cmd_bench)
 
     p = sub.add_parser("zoo", help="the bundled benchmark models")
     zsub = p.add_subparsers(dest="zoo_command", required=True)

@@ -159,7 +159,7 @@ def _solve_segments(graph, candidates, segments, bounds, time_limit, on_segment,
                 ops=describe(graph, cand.nodes), inputs=cand.inputs, outputs=cand.outputs,
                 signature=cand.signature, cost_s=latencies.get(local, bounds[cand.id]), bound_s=bounds[cand.id],
                 measured=local in latencies, backend=record.backend if record else "",
-                launches=record.launches if record else 1))
+                launches=record.launches if record else 1, variant=record.variant if record else None))
         reports.append(SegmentReport(
             nodes=len(segment.nodes), candidates=len(ids), exact=segment.exact, dropped=segment.dropped,
             kernels=len(solution.order), objective_s=solution.objective, seconds=solution.seconds,

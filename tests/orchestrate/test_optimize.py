@@ -35,7 +35,7 @@ def test_plan_executes_kernel_by_kernel_and_matches_the_model(name):
 
 
 def test_optimize_cli_writes_plan_and_report(tmp_path):
-    result = korch("optimize", "zoo:bert_layer", "-o", tmp_path / "out", "--target", "h100", "-q")
+    result = korch("optimize", "zoo:bert_layer", "-o", tmp_path / "out", "--target", "h100", "--cost", "roofline", "-q")
     assert result.returncode == 0, result.stderr
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert plan["format"] == "korch-plan" and plan["kernels"]

@@ -13,7 +13,8 @@ tensors the kernel reads, whose ``constants`` it may bake in or read, and whose
 A ``BuiltKernel`` is called on torch tensors on that device, one per
 ``kernel.inputs`` in order, and returns one tensor per ``kernel.outputs``. With
 ``out=`` it writes into the given tensors instead (the executable's planned
-buffers); backends that cannot write in place copy.
+buffers); ``in_place`` says whether it writes them directly (else it computes
+into fresh tensors and copies, and the executable lets it allocate instead).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class BuiltKernel(Protocol):
     backend: str
     launches: int             # device kernels one call launches (Inductor may split a candidate)
     source: str | None        # generated source, for the readable executable; None for library calls
+    in_place: bool            # writes ``out=`` buffers directly (no copy)
 
     def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         ...

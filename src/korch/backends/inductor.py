@@ -7,6 +7,11 @@ traced to an FX graph (``make_fx``) and handed to ``compile_fx`` directly:
 no dynamo, so thousands of kernels compile in one process without hitting its
 recompilation limits. Inductor may split a candidate into several kernels;
 ``launches`` records how many it produced (fused kernels plus library calls).
+
+The compiled function takes the output buffers as extra arguments and writes
+them (``out.copy_(result)``, which Inductor fuses into the kernel that computes
+the result), so an executable's planned buffers are written in place, without
+a copy.
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ from collections.abc import Sequence
 
 import torch
 
-from korch.backends.base import BuildError, write_outputs
+from korch.backends.base import BuildError
 from korch.backends.check import random_inputs
 from korch.backends.torch_ops import kernel_function
+from korch.ir import dtypes
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
 
-VERSION = "1"
+VERSION = "2"
 _KERNEL_DEFINITIONS = re.compile(r"async_compile\.(cpp_pybinding|cpp|triton)\(")
 _LIBRARY_CALLS = re.compile(r"\b(extern_kernels\.\w+|torch\.ops\.\w+\.\w+(?:\.\w+)?)\(")
 
@@ -34,17 +40,29 @@ def count_launches(code: str) -> int:
     return generated + len(_LIBRARY_CALLS.findall(body.split("def benchmark_compiled_module", 1)[0]))
 
 
+def _writing_outputs(fn, inputs: int):
+    """``fn(*inputs) -> outputs`` as ``g(*inputs, *outputs)`` writing its results into the given outputs."""
+    def write(*args):
+        for buffer, value in zip(args[inputs:], fn(*args[:inputs])):
+            buffer.copy_(value)
+        return []
+    return write
+
+
 class InductorKernel:
     backend = "inductor"
+    in_place = True
 
     def __init__(self, kernel: Graph, device: str):
         from torch._inductor.compile_fx import compile_fx
         from torch._inductor.utils import run_and_get_code
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        examples = [x.to(device) for x in random_inputs(kernel)]
+        self._outputs = [kernel.tensors[name] for name in kernel.outputs]
+        self.device = device
+        examples = [x.to(device) for x in random_inputs(kernel)] + self._allocate()
         try:
-            graph_module = make_fx(kernel_function(kernel, device))(*examples)
+            graph_module = make_fx(_writing_outputs(kernel_function(kernel, device), len(kernel.inputs)))(*examples)
             compiled = {}
 
             def compile_and_run():
@@ -57,8 +75,13 @@ class InductorKernel:
         self.source = "\n".join(codes)
         self.launches = sum(count_launches(code) for code in codes)
 
+    def _allocate(self) -> list[torch.Tensor]:
+        return [torch.empty(t.shape, dtype=dtypes.torch_dtype(t.dtype), device=self.device) for t in self._outputs]
+
     def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        return write_outputs(self.fn(*inputs), out)
+        results = list(out) if out is not None else self._allocate()
+        self.fn(*inputs, *results)
+        return results
 
 
 class InductorBackend:

@@ -23,6 +23,7 @@ class LibraryKernel:
     backend = "library"
     launches = 1
     source = None
+    in_place = False
 
     def __init__(self, kernel: Graph, device: str):
         self.op = kernel.nodes[0].op.value

@@ -33,6 +33,7 @@ class PlannedKernel:
     measured: bool                # cost_s was measured (else it is the bound)
     backend: str = ""             # the backend whose kernel was fastest (measured plans)
     launches: int = 1             # device kernels that backend launches for it
+    variant: dict | None = None   # the launch variant measured fastest (Triton), if any
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,13 +81,20 @@ class Plan:
         return cls(model=data["model"], target=data["target"], cost_model=data["cost_model"], kernels=kernels,
                    segments=tuple(SegmentReport(**s) for s in data["segments"]), stats=data.get("stats", {}))
 
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json(), indent=1).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Plan":
+        return cls.from_json(json.loads(data))
+
     def save(self, path: str | os.PathLike) -> Path:
-        return atomic_write_bytes(path, json.dumps(self.to_json(), indent=1).encode())
+        return atomic_write_bytes(path, self.to_bytes())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
         try:
-            data = json.loads(Path(path).read_text())
+            data = Path(path).read_bytes()
+            return cls.from_bytes(data)
         except (OSError, ValueError) as exc:
             raise KorchError(f"cannot read plan {path}: {exc}") from None
-        return cls.from_json(data)

@@ -29,7 +29,30 @@ def _measurement(m: dict | None) -> list[str]:
     return lines
 
 
-def render_markdown(plan: Plan, rejected: dict[str, int] | None = None) -> str:
+def _executable(x: dict | None) -> list[str]:
+    if not x:
+        return []
+    backends = Counter(k["backend"] for k in x.get("kernels", []))
+    memory = x.get("memory", {})
+    lines = ["", "## Executable", "",
+             f"- kernels by backend: {', '.join(f'{b} {n}' for b, n in backends.most_common())}",
+             f"- planned memory: **{memory.get('peak_bytes', 0) / 2**20:.2f} MiB** in {memory.get('buffers', 0)} "
+             f"buffers for {memory.get('planned_tensors', 0)} tensors written in place "
+             f"(one buffer each: {memory.get('naive_bytes', 0) / 2**20:.2f} MiB)",
+             f"- CUDA graph: {'yes' if x.get('cuda_graph') and x.get('device') == 'cuda' else 'no'}"]
+    check = x.get("check")
+    if check:
+        lines.append(f"- vs ONNX Runtime: **{'matches' if check['ok'] else 'DOES NOT match'}**, max abs error "
+                     f"{check['max_abs']:.3g}, max rel error {check['max_rel']:.3g} "
+                     f"(tolerance: relative norm {check['tolerance']:g})")
+    refused = [(k["name"], r) for k in x.get("kernels", []) for r in k.get("refused", [])]
+    if refused:
+        lines += ["", "| kernel | backend that failed it |", "| --- | --- |",
+                  *(f"| {name} | {why.replace('|', '/')} |" for name, why in refused)]
+    return lines
+
+
+def render_markdown(plan: Plan, rejected: dict[str, int] | None = None, executable: dict | None = None) -> str:
     stats = plan.stats
     lines = [
         f"# korch plan: {plan.model}",
@@ -70,6 +93,7 @@ def render_markdown(plan: Plan, rejected: dict[str, int] | None = None) -> str:
           f"| {k.measured} | {k.backend or '-'} | {k.launches} |" for k in plan.kernels),
     ]
     lines += _measurement(stats.get("measurement"))
+    lines += _executable(executable)
     if rejected:
         lines += ["", "## Subgraphs rejected as kernels", "", "| reason | count |", "| --- | ---: |",
                   *(f"| {why} | {n} |" for why, n in sorted(rejected.items(), key=lambda kv: -kv[1]))]

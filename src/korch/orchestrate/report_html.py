@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import os
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -139,6 +140,24 @@ def _measurement(m: dict | None) -> str:
                    [(f"<code>{_e(f['signature'][:12])}</code>", _e(f["ops"]), _e(f["backend"]), _e(f["status"]),
                      _e(f["message"])) for f in failures], "failures") if failures else ""
     return f'<section id="measurement"><h2>Measurement</h2>{_facts(facts)}{table}</section>'
+
+
+def _executable(x: dict | None) -> str:
+    """The executable's section: backends, planned memory, CUDA graph and the check against ONNX Runtime."""
+    if not x:
+        return ""
+    backends = Counter(k["backend"] for k in x.get("kernels", []))
+    memory, check = x.get("memory", {}), x.get("check")
+    facts = [("kernels by backend", _e(", ".join(f"{b} {n}" for b, n in backends.most_common()) or "-")),
+             ("planned memory", f"<b>{_e(_scaled(memory.get('peak_bytes', 0), 'B', 1024))}</b> in "
+                                f"{_e(memory.get('buffers', 0))} buffers for {_e(memory.get('planned_tensors', 0))} "
+                                f"tensors (one buffer each: {_e(_scaled(memory.get('naive_bytes', 0), 'B', 1024))})"),
+             ("CUDA graph", "yes" if x.get("cuda_graph") and x.get("device") == "cuda" else "no")]
+    if check:
+        verdict = "matches" if check["ok"] else '<span class="bad">DOES NOT match</span>'
+        facts.append(("vs ONNX Runtime", f'<span id="check">{verdict}</span>: max abs error '
+                                         f"{check['max_abs']:.3g}, max rel error {check['max_rel']:.3g}"))
+    return f'<section id="executable"><h2>Executable</h2>{_facts(facts)}</section>'
 
 
 def _benchmark(plan: Plan, benchmark: dict | None) -> str:
@@ -280,19 +299,22 @@ fitWidth();document.body.dataset.ready='yes';
 """
 
 
-def render_html(graph: Graph, plan: Plan, *, benchmark: dict | None = None) -> str:
-    """The whole report page for ``plan`` of ``graph``; ``benchmark`` is {"korch_s": s, "peers": {name: s}}."""
+def render_html(graph: Graph, plan: Plan, *, benchmark: dict | None = None, executable: dict | None = None) -> str:
+    """The whole report page for ``plan`` of ``graph``; ``benchmark`` is {"korch_s": s, "peers": {name: s}};
+    ``executable`` is the executable's manifest (with its "check")."""
     rows = _kernel_rows(graph, plan)
     svg = render_svg(graph, plan, {r.kernel.name: r.colour for r in rows})
     title = f"korch plan: {plan.model}"
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
             f'<style>{_CSS}</style><script>{_ERROR_JS}</script></head><body>'
             f'<h1>{_e(title)}</h1>{_header(graph, plan)}{_measurement(plan.stats.get("measurement"))}'
-            f'{_benchmark(plan, benchmark)}{_graph_section(svg, graph)}{_kernel_table(rows)}'
+            f'{_executable(executable)}{_benchmark(plan, benchmark)}{_graph_section(svg, graph)}{_kernel_table(rows)}'
             f'{_redundant(graph, plan)}'
             f"<script>{_JS}</script></body></html>\n")
 
 
-def write_html_report(outdir: str | os.PathLike, graph: Graph, plan: Plan, benchmark: dict | None = None) -> Path:
+def write_html_report(outdir: str | os.PathLike, graph: Graph, plan: Plan, benchmark: dict | None = None,
+                      executable: dict | None = None) -> Path:
     """Write ``OUTDIR/report.html`` atomically; returns its path."""
-    return atomic_write_bytes(Path(outdir) / "report.html", render_html(graph, plan, benchmark=benchmark).encode())
+    page = render_html(graph, plan, benchmark=benchmark, executable=executable)
+    return atomic_write_bytes(Path(outdir) / "report.html", page.encode())

@@ -17,7 +17,6 @@ from onnx import helper
 from korch.ir import dtypes
 from korch.ir.graph import Node
 
-
 _MAX_IR_VERSION = 10
 
 

@@ -13,20 +13,17 @@ No pretrained weights: every weight is random, drawn after
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import tempfile
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 from torch import nn
 
 from korch import config
 from korch.errors import KorchError
+from korch.frontend.torch_module import export_module
 from korch.zoo import candy, efficientvit, segformer, transformer, yolov4, yolox
 from korch.zoo.common import randomize
 
@@ -200,30 +197,6 @@ def build(name: str, *, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, .
     return model, inputs
 
 
-def output_names(count: int) -> list[str]:
-    """ONNX output names: ``output`` alone, else ``output_0``, ``output_1``, ..."""
-    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
-
-
-@contextlib.contextmanager
-def _quiet_exporter() -> Iterator[None]:
-    """Silence the exporter's noise that is no concern of ours.
-
-    It warns, at every export, that torchvision's operators cannot be
-    registered (torchvision is not installed), and torch's own pytree code
-    raises a FutureWarning.
-    """
-    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            yield
-    finally:
-        logger.setLevel(level)
-
-
 def export(name: str, path: str | os.PathLike | None = None, *, seed: int = 0) -> Path:
     """Export ``name`` (weights from ``seed``) to an ONNX file and return its path.
 
@@ -237,25 +210,6 @@ def export(name: str, path: str | os.PathLike | None = None, *, seed: int = 0) -
         path = config.cache_dir / "zoo" / f"{name}-s{seed}-v{ZOO_VERSION}.onnx"
         if path.is_file():
             return path
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     model, inputs = build(name, seed=seed)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent)
-    os.close(fd)
-    try:
-        with _quiet_exporter():
-            torch.onnx.export(
-                model,
-                inputs,
-                tmp,
-                dynamo=True,
-                input_names=list(entry.model.input_shapes),
-                output_names=output_names(entry.num_outputs),
-                external_data=False,
-                verbose=False,
-            )
-        os.chmod(tmp, 0o644)  # mkstemp made it private
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
+    return export_module(model, inputs, path, input_names=list(entry.model.input_shapes),
+                         num_outputs=entry.num_outputs)

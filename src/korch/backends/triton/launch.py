@@ -32,6 +32,7 @@ def interpreting() -> bool:
 class TritonKernel:
     backend = "triton"
     launches = 1
+    in_place = True
 
     def __init__(self, kernel: Graph, generated: GeneratedKernel, device: str):
         if device == "cpu" and not interpreting():

@@ -1,0 +1,105 @@
+"""Building a plan's kernels: each planned kernel compiled by the backend that should run it.
+
+A measured plan names, for every kernel, the backend whose kernel was fastest
+and checked; that backend builds it again (from the compilers' caches). A plan
+priced by lower bounds names none: a kernel of one linear, window or opaque
+primitive goes to the library (cuBLAS/cuDNN, oneDNN), any other to the target's
+fusing backends in their order, and each such build is checked against the
+reference executor before it is trusted. A backend that fails hands the kernel
+to the next; the last resort runs the kernel's primitives one torch operator
+at a time (the library backend's lowering), which always builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from korch.backends.base import Backend, BuiltKernel
+from korch.backends.check import check
+from korch.backends.library import LibraryKernel
+from korch.backends.registry import backends_for
+from korch.errors import KorchError
+from korch.ir.graph import Graph
+from korch.ir.ops import Kind
+from korch.ir.subgraph import extract
+from korch.orchestrate.plan import Plan, PlannedKernel
+
+_LIBRARY_KINDS = (Kind.LINEAR, Kind.WINDOW, Kind.OPAQUE)
+
+
+@dataclasses.dataclass
+class BuiltStep:
+    """One planned kernel, built: what runs, which backend built it, what was tried before."""
+
+    planned: PlannedKernel
+    kernel: Graph
+    built: BuiltKernel
+    backend: str
+    refused: list[str] = dataclasses.field(default_factory=list)   # "backend: reason" of the failed tries
+
+
+def kernel_graphs(graph: Graph, plan: Plan) -> list[Graph]:
+    """Each planned kernel's primitives cut out of ``graph`` as a graph of their own."""
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    return [extract(graph, [index[n] for n in k.nodes], k.inputs, k.outputs, name=k.name) for k in plan.kernels]
+
+
+def _preference(kernel: Graph, planned: PlannedKernel, backends: Sequence[Backend]) -> list[Backend]:
+    claiming = [b for b in backends if b.claims(kernel) is None]
+    if planned.backend:
+        return sorted(claiming, key=lambda b: b.name != planned.backend)
+    if len(kernel.nodes) == 1 and kernel.nodes[0].op.kind in _LIBRARY_KINDS:
+        return sorted(claiming, key=lambda b: b.name != "library")
+    return claiming
+
+
+def _select_variant(built: BuiltKernel, variant: dict | None) -> None:
+    """Launch the variant the measurement chose (Triton kernels have several)."""
+    wanted = (variant or {}).get("variant")
+    generated = getattr(built, "generated", None)
+    if wanted and generated is not None:
+        for v in generated.variants:
+            if v.describe() == wanted:
+                built.variant = v
+
+
+def build_step(planned: PlannedKernel, kernel: Graph, backends: Sequence[Backend], device: str) -> BuiltStep:
+    refused = []
+    for backend in _preference(kernel, planned, backends):
+        try:
+            built = backend.build(kernel, device)
+            if backend.name != planned.backend or not planned.measured:
+                result = check(built, kernel, device=device)
+                if not result.ok:
+                    raise ValueError(f"check failed: {result.message}")
+        except Exception as exc:  # a kernel that fails to build or check goes to the next backend
+            refused.append(f"{backend.name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            continue
+        _select_variant(built, planned.variant)
+        return BuiltStep(planned, kernel, built, backend.name, refused)
+    return BuiltStep(planned, kernel, LibraryKernel(kernel, device), "torch", refused)
+
+
+def rebuild(kernel: Graph, backend_name: str, target: str, device: str, variant: dict | None = None) -> BuiltKernel:
+    """The kernel an executable was written with, built again by the backend it names (from the caches)."""
+    if backend_name == "torch":
+        return LibraryKernel(kernel, device)
+    backend = next((b for b in backends_for(target) if b.name == backend_name), None)
+    if backend is None:
+        raise KorchError(f"kernel {kernel.name}: backend {backend_name!r} is not available for {target}")
+    built = backend.build(kernel, device)
+    _select_variant(built, variant)
+    return built
+
+
+def build_plan(graph: Graph, plan: Plan, target: str, device: str,
+               on_kernel: Callable[[int, int, PlannedKernel], None] | None = None) -> list[BuiltStep]:
+    """Every kernel of ``plan`` built for ``device`` (see the module docstring)."""
+    backends = [b for b in backends_for(target) if b.supports_device(device)]
+    steps = []
+    for i, (planned, kernel) in enumerate(zip(plan.kernels, kernel_graphs(graph, plan))):
+        if on_kernel:
+            on_kernel(i, len(plan.kernels), planned)
+        steps.append(build_step(planned, kernel, backends, device))
+    return steps

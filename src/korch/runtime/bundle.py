@@ -1,0 +1,145 @@
+"""The executable's directory (OUTDIR): what is in it, writing it safely, reading it back checked.
+
+    manifest.json   versions, target, inputs/outputs, kernels, memory, self-check, file checksums
+    model.py        the launch sequence (``codegen.launch_module``)
+    graph.json      the primitive graph, constants by name only
+    weights.npz     the constants (weights), in graph order
+    plan.json       the orchestrator's plan
+    reference.onnx  the model as given, for ``korch run --check`` against ONNX Runtime
+    kernels/        each generated kernel's source, for reading
+    report.md, report.html
+
+Every file is written atomically and the manifest last, after the old one is
+removed: a directory with a manifest is complete, and a file whose checksum
+differs from the manifest's is reported as corrupted, never run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from korch.errors import KorchError
+from korch.fsutil import atomic_write_bytes
+from korch.ir import serialize
+from korch.ir.graph import Graph
+
+FORMAT = "korch-executable"
+VERSION = 1
+MANIFEST = "manifest.json"
+# files the loader reads; their checksums are verified before anything runs
+LOADED_FILES = ("model.py", "graph.json", "weights.npz", "plan.json")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def graph_bytes(graph: Graph) -> bytes:
+    """``graph`` as JSON without the constants' values (those go to weights.npz)."""
+    data = serialize.to_json(graph)
+    data["constants"] = {}
+    data["constant_names"] = list(graph.constants)
+    return json.dumps(data).encode()
+
+
+def weights_bytes(graph: Graph) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **{f"w{i}": np.ascontiguousarray(v) for i, v in enumerate(graph.constants.values())})
+    return buffer.getvalue()
+
+
+def versions() -> dict[str, str]:
+    """The versions an executable was built with (the manifest records them; the loader compares)."""
+    import platform
+
+    import onnx
+    import onnxruntime
+    import torch
+
+    from korch import __version__
+
+    found = {"korch": __version__, "python": platform.python_version(), "torch": torch.__version__,
+             "numpy": np.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
+    try:
+        import triton
+
+        found["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return found
+
+
+class BundleWriter:
+    """Writes an OUTDIR: files first (each atomically, checksummed), the manifest last."""
+
+    def __init__(self, outdir: str | os.PathLike):
+        self.outdir = Path(outdir)
+        if self.outdir.exists() and not self.outdir.is_dir():
+            raise KorchError(f"cannot write the executable to {self.outdir}: it is a file, not a directory")
+        self.outdir.mkdir(parents=True, exist_ok=True)
+        (self.outdir / MANIFEST).unlink(missing_ok=True)  # from here until the end, the directory is incomplete
+        self.checksums: dict[str, str] = {}
+
+    def write(self, relative: str, data: bytes) -> Path:
+        self.checksums[relative] = _sha256(data)
+        return atomic_write_bytes(self.outdir / relative, data)
+
+    def clear(self, relative_dir: str) -> None:
+        """Remove the files of an earlier build from ``relative_dir``."""
+        folder = self.outdir / relative_dir
+        if folder.is_dir():
+            for f in folder.iterdir():
+                if f.is_file():
+                    f.unlink()
+
+    def finish(self, manifest: Mapping) -> Path:
+        data = {"format": FORMAT, "version": VERSION, **manifest, "files": dict(sorted(self.checksums.items()))}
+        return atomic_write_bytes(self.outdir / MANIFEST, json.dumps(data, indent=1).encode())
+
+
+def read_manifest(outdir: str | os.PathLike) -> dict:
+    """The manifest of ``outdir``, after checking the directory is a complete, uncorrupted executable."""
+    outdir = Path(outdir)
+    if not outdir.is_dir():
+        raise KorchError(f"no korch executable at {outdir}: no such directory")
+    path = outdir / MANIFEST
+    if not path.is_file():
+        raise KorchError(f"{outdir} is not a korch executable (no {MANIFEST}; write one with korch optimize -o)")
+    try:
+        manifest = json.loads(path.read_bytes())
+    except ValueError as exc:
+        raise KorchError(f"{path} is corrupted: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise KorchError(f"{path} is not a {FORMAT} manifest")
+    if manifest.get("version") != VERSION:
+        raise KorchError(f"{outdir} is a {FORMAT} v{manifest.get('version')}; this korch reads v{VERSION}: "
+                         "run korch optimize again")
+    files = manifest.get("files", {})
+    for name in (*LOADED_FILES, *(f for f in files if f == "reference.onnx")):
+        if name not in files:
+            raise KorchError(f"{outdir} is incomplete: the manifest lists no {name}")
+        try:
+            data = (outdir / name).read_bytes()
+        except OSError:
+            raise KorchError(f"{outdir} is incomplete: {name} is missing") from None
+        if _sha256(data) != files[name]:
+            raise KorchError(f"{outdir / name} is corrupted (its checksum differs from the manifest's)")
+    return manifest
+
+
+def read_graph(outdir: str | os.PathLike) -> Graph:
+    outdir = Path(outdir)
+    data = json.loads((outdir / "graph.json").read_bytes())
+    names = data.pop("constant_names")
+    graph = serialize.from_json(data)
+    with np.load(outdir / "weights.npz") as weights:
+        for i, name in enumerate(names):
+            graph.constants[name] = weights[f"w{i}"]
+    return graph

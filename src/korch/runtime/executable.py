@@ -1,0 +1,137 @@
+"""A loaded korch executable: the built kernels, the planned buffers and the launch sequence, callable.
+
+``Executable`` is what ``korch.load`` and ``korch.optimize`` return. Call it
+with one array or tensor per graph input (positionally or by name), numpy or
+torch, CPU or CUDA: it checks each input's shape and dtype (a mismatch is a
+``KorchError``, one line), runs the launch sequence and returns the outputs
+as the caller's kind (a tensor on the executable's device, or numpy), one
+value for one output, else a tuple. ``run(feeds)`` maps names to numpy arrays
+both ways. Outputs are copies: a later call never changes them.
+
+On CUDA the launch sequence is captured in a CUDA graph after warm-up and
+replayed from then on (inputs copied into the captured input tensors); a
+sequence that cannot be captured (an opaque primitive runs in ONNX Runtime on
+the CPU) runs kernel by kernel, and ``cuda_graph`` says which.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from korch.errors import KorchError
+from korch.ir import dtypes
+
+WARMUP_CALLS = 2
+
+
+class Executable:
+    def __init__(self, module: types.ModuleType, kernels: Sequence, constants: Mapping[str, torch.Tensor],
+                 device: str, *, manifest: dict | None = None, use_cuda_graph: bool = True):
+        self.module, self.kernels, self.device = module, list(kernels), torch.device(device)
+        self.manifest = manifest or {}
+        self.input_names = [name for name, _, _ in module.INPUTS]
+        self.output_names = [name for name, _, _ in module.OUTPUTS]
+        self.input_specs = {name: (tuple(shape), dtype) for name, shape, dtype in module.INPUTS}
+        buffers = [torch.empty(n, dtype=torch.uint8, device=self.device) for n in module.BUFFER_BYTES]
+        self._slots = [_view(buffers[b], shape, dtype) for _, b, shape, dtype in module.SLOTS]
+        self._constants = dict(constants)
+        self._calls = 0
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._static_inputs: list[torch.Tensor] = []
+        self._static_outputs: tuple[torch.Tensor, ...] = ()
+        self.cuda_graph = use_cuda_graph and self.device.type == "cuda"
+
+    # -- calling -------------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        values = self._bind(args, kwargs)
+        as_numpy = any(isinstance(v, np.ndarray) for v in values)
+        tensors = [self._as_input(name, v) for name, v in zip(self.input_names, values)]
+        outputs = self._launch(tensors)
+        results = tuple(o.cpu().numpy() if as_numpy else o for o in outputs)
+        return results[0] if len(results) == 1 else results
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Graph inputs by name -> graph outputs by name, as numpy arrays."""
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise KorchError(f"missing input(s) {', '.join(missing)}; the executable takes {self._describe()}")
+        unknown = [n for n in feeds if n not in self.input_specs]
+        if unknown:
+            raise KorchError(f"unknown input(s) {', '.join(unknown)}; the executable takes {self._describe()}")
+        tensors = [self._as_input(n, feeds[n]) for n in self.input_names]
+        return {name: o.cpu().numpy() for name, o in zip(self.output_names, self._launch(tensors))}
+
+    def _launch(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        with torch.inference_mode():
+            if self.cuda_graph and self._calls >= WARMUP_CALLS:
+                outputs = self._replay(inputs)
+            else:
+                outputs = self.module.launch(self.kernels, self._slots, self._constants, *inputs)
+            self._calls += 1
+            return tuple(o.clone() for o in outputs)
+
+    def _replay(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        if self._graph is None:
+            self._static_inputs = [x.clone() for x in inputs]
+            graph = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize(self.device)
+            try:
+                with torch.cuda.graph(graph):
+                    self._static_outputs = self.module.launch(self.kernels, self._slots, self._constants,
+                                                              *self._static_inputs)
+            except Exception as exc:  # a kernel that cannot be captured: run kernel by kernel from now on
+                import warnings
+
+                warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}); running kernel by kernel")
+                self.cuda_graph = False
+                return self.module.launch(self.kernels, self._slots, self._constants, *inputs)
+            self._graph = graph
+        for static, x in zip(self._static_inputs, inputs):
+            static.copy_(x)
+        self._graph.replay()
+        return self._static_outputs
+
+    # -- inputs --------------------------------------------------------------------------
+
+    def _describe(self) -> str:
+        return ", ".join(f"{n} {'x'.join(map(str, s)) or 'scalar'} {d}" for n, (s, d) in self.input_specs.items())
+
+    def _bind(self, args: Sequence, kwargs: Mapping) -> list:
+        if len(args) > len(self.input_names):
+            raise KorchError(f"{len(args)} inputs given; the executable takes {len(self.input_names)}: "
+                             f"{self._describe()}")
+        bound = dict(zip(self.input_names, args))
+        for name, value in kwargs.items():
+            if name not in self.input_specs:
+                raise KorchError(f"unknown input {name!r}; the executable takes {self._describe()}")
+            if name in bound:
+                raise KorchError(f"input {name!r} given twice")
+            bound[name] = value
+        missing = [n for n in self.input_names if n not in bound]
+        if missing:
+            raise KorchError(f"missing input(s) {', '.join(missing)}; the executable takes {self._describe()}")
+        return [bound[n] for n in self.input_names]
+
+    def _as_input(self, name: str, value) -> torch.Tensor:
+        shape, dtype = self.input_specs[name]
+        if isinstance(value, torch.Tensor):
+            got_dtype = str(value.dtype).removeprefix("torch.")
+        else:
+            value = np.asarray(value)
+            got_dtype = value.dtype.name
+        if tuple(value.shape) != shape or got_dtype != dtype:
+            raise KorchError(f"input {name!r}: got {'x'.join(map(str, value.shape)) or 'scalar'} {got_dtype}, "
+                             f"expected {'x'.join(map(str, shape)) or 'scalar'} {dtype}")
+        tensor = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))
+        return tensor.to(self.device).contiguous()
+
+
+def _view(buffer: torch.Tensor, shape: Sequence[int], dtype: str) -> torch.Tensor:
+    torch_dtype = dtypes.torch_dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    return buffer[:count * torch_dtype.itemsize].view(torch_dtype).view(tuple(shape))

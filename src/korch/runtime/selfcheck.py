@@ -1,0 +1,84 @@
+"""Checking a whole executable against ONNX Runtime on the original model.
+
+Both run on the same inputs (seeded random ones unless given); each output is
+compared the way a built kernel is (``korch.backends.check.compare``: relative
+norm within tolerance, NaN and infinity at the same places, integers exact),
+and the report adds the largest absolute error and that error relative to the
+output's largest magnitude.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from korch import config
+from korch.backends.check import FLOAT_TOLERANCE, compare
+from korch.runtime import ort
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputCheck:
+    name: str
+    ok: bool
+    max_abs: float
+    max_rel: float        # max |korch - ort| / max |ort|
+    rel_norm: float       # ||korch - ort|| / ||ort||
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCheck:
+    outputs: tuple[OutputCheck, ...]
+    tolerance: float = FLOAT_TOLERANCE
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs)
+
+    @property
+    def max_abs(self) -> float:
+        return max((o.max_abs for o in self.outputs), default=0.0)
+
+    @property
+    def max_rel(self) -> float:
+        return max((o.max_rel for o in self.outputs), default=0.0)
+
+    def summary(self) -> str:
+        verdict = "matches ONNX Runtime" if self.ok else "DOES NOT match ONNX Runtime"
+        text = (f"{verdict}: max abs error {self.max_abs:.3g}, max rel error {self.max_rel:.3g} "
+                f"over {len(self.outputs)} output(s) (tolerance: relative norm {self.tolerance:g})")
+        failed = [o.message for o in self.outputs if not o.ok]
+        return text + (f"; {'; '.join(failed)}" if failed else "")
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "max_abs": self.max_abs, "max_rel": self.max_rel, "tolerance": self.tolerance,
+                "outputs": [dataclasses.asdict(o) for o in self.outputs]}
+
+
+def seeded_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int | None = None) -> dict[str, np.ndarray]:
+    return ort.random_inputs(specs, config.seed if seed is None else seed)
+
+
+def check_outputs(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> ModelCheck:
+    results = []
+    for name, want in expected.items():
+        got = np.asarray(actual[name])
+        result = compare(torch.from_numpy(np.ascontiguousarray(got)), np.asarray(want), name)
+        scale = float(np.abs(want).max(initial=0.0)) if want.dtype.kind in "fc" and want.size else 0.0
+        finite = np.isfinite(result.max_abs)
+        max_rel = result.max_abs / scale if scale > 0 and finite else (result.max_abs if finite else float("inf"))
+        results.append(OutputCheck(name, result.ok, result.max_abs, max_rel, result.rel_norm, result.message))
+    return ModelCheck(tuple(results))
+
+
+def check_against_onnxruntime(executable, reference_model, feeds: Mapping[str, np.ndarray] | None = None,
+                              seed: int | None = None) -> ModelCheck:
+    """Run ``executable`` and ONNX Runtime on ``reference_model`` (a path, bytes or ModelProto) and compare."""
+    specs = {name: (shape, dtype) for name, (shape, dtype) in executable.input_specs.items()}
+    feeds = dict(feeds) if feeds is not None else seeded_inputs(specs, seed)
+    expected = ort.run_model(reference_model, feeds, executable.output_names)
+    return check_outputs(executable.run(feeds), expected)

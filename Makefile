@@ -22,8 +22,11 @@ demo: $(STAMP)
 	$(VENV)/bin/korch zoo export candy $(VENV)/demo/candy.onnx
 	$(VENV)/bin/korch inspect $(VENV)/demo/candy.onnx
 	$(VENV)/bin/korch fission $(VENV)/demo/candy.onnx $(VENV)/demo/candy.primitives.onnx
-	$(VENV)/bin/korch optimize $(VENV)/demo/candy.onnx --target cpu -o $(VENV)/demo/candy
+	$(VENV)/bin/korch optimize $(VENV)/demo/candy.onnx --target cpu --cost roofline -o $(VENV)/demo/candy
+	$(VENV)/bin/korch run $(VENV)/demo/candy --check
+	$(VENV)/bin/korch bench $(VENV)/demo/candy.onnx --target cpu --cost roofline --against eager,compile,ort -o $(VENV)/demo/candy
 	$(VENV)/bin/korch optimize zoo:bert_layer --target cpu --cost measured --db $(VENV)/demo/profile.sqlite -o $(VENV)/demo/bert
+	$(VENV)/bin/korch run $(VENV)/demo/bert --check
 
 test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest -q -n 2 tests

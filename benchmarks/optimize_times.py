@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from korch import __version__, zoo
-from korch.optimize import optimize
+from korch.pipeline import optimize
 
 PAPER = {  # Korch paper, Table 2: primitive nodes, candidates, tuning time
     "candy": (184, 1031, "5.5 h"), "efficientvit": (380, 2174, "11.5 h"), "yolox_nano": (367, 3361, "2.8 h"),

@@ -24,8 +24,8 @@ def optimize(model, example_inputs=None, **options):
     return _optimize(model, example_inputs, **options)
 
 
-def load(outdir, device=None):
+def load(outdir, device=None, target=None):
     """See ``korch.api.load``."""
     from korch.api import load as _load
 
-    return _load(outdir, device)
+    return _load(outdir, device, target)

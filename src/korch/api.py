@@ -1,7 +1,7 @@
 """korch's Python API: ``korch.optimize`` (a model in, a checked executable out) and ``korch.load``.
 
 ``compile_model`` is the whole job of ``korch optimize``: import, plan
-(``korch.optimize.optimize``), build and write the executable
+(``korch.pipeline.optimize``), build and write the executable
 (``runtime.write``), check it against ONNX Runtime, write the reports, and
 only then the manifest. The CLI calls it with progress callbacks; the Python
 API calls it and returns the loaded executable.
@@ -118,7 +118,7 @@ def compile_model(model, *, output: str | os.PathLike, target: str | None = None
     directory then has no manifest: nothing loads it).
     """
     from korch.cost.devices import get_device
-    from korch.optimize import optimize
+    from korch.pipeline import optimize
     from korch.runtime.bundle import BundleWriter
 
     progress = progress or Progress()
@@ -160,7 +160,19 @@ def _build_and_check(model, result, reference: bytes, target: str, output, progr
                                on_kernel=progress.on_build)
     if progress.on_stage:
         progress.on_stage("check against ONNX Runtime")
-    check = check_against_onnxruntime(written.executable, onnx.load_from_string(reference))
+    reference_model = onnx.load_from_string(reference)
+    check = check_against_onnxruntime(written.executable, reference_model)
+    if not check.ok:  # find the kernels that are wrong, rebuild them with the next backend, check again
+        from korch.backends.registry import device_for
+        from korch.runtime.build import recheck
+
+        if progress.on_stage:
+            progress.on_stage("check each kernel against the reference executor")
+        steps, rebuilt = recheck(written.steps, target, device_for(target))
+        if rebuilt:
+            written = write_executable(output, result.graph, result.plan, target=target, reference_model=reference,
+                                       steps=steps)
+            check = check_against_onnxruntime(written.executable, reference_model)
     written.manifest["check"] = check.to_json()
     written.executable.check = check
     _write_reports(written.writer, result, written.manifest)
@@ -197,8 +209,9 @@ def optimize(model, example_inputs=None, *, target: str | None = None, cost: str
     return compiled.executable
 
 
-def load(outdir: str | os.PathLike, device: str | None = None):
-    """The executable ``korch optimize`` wrote in ``outdir``, ready to call on numpy arrays or torch tensors."""
+def load(outdir: str | os.PathLike, device: str | None = None, target: str | None = None):
+    """The executable ``korch optimize`` wrote in ``outdir``, ready to call on numpy arrays or torch tensors
+    (``device`` or ``target``, when given, must be what it was built for)."""
     from korch.runtime.write import load as load_executable
 
-    return load_executable(outdir, device)
+    return load_executable(outdir, device, target)

@@ -168,11 +168,11 @@ def cmd_run(args) -> int:
     from korch.api import load
     from korch.runtime.selfcheck import check_outputs, seeded_inputs
 
-    executable = load(args.outdir)
+    executable = load(args.outdir, target=args.target)
     feeds = _read_inputs(args.input)
     unknown = [n for n in feeds if n not in executable.input_specs]
     if unknown:
-        raise KorchError(f"unknown input(s) {', '.join(unknown)}; the executable takes {executable._describe()}")
+        raise KorchError(f"unknown input(s) {', '.join(unknown)}; the executable takes {executable.describe_inputs()}")
     random = [n for n in executable.input_names if n not in feeds]
     if random:
         feeds.update({n: v for n, v in seeded_inputs(executable.input_specs).items() if n in random})
@@ -352,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="compare with ONNX Runtime on the original model; exit 1 on a mismatch")
     p.add_argument("--save-outputs", type=Path, metavar="DIR", help="write each output to DIR/NAME.npy")
+    p.add_argument("--target", help="fail unless the executable was built for this target")
     p.set_defaults(run=cmd_run)
 
     p = sub.add_parser("bench", help="time korch against eager PyTorch, torch.compile and ONNX Runtime")

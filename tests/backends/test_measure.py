@@ -11,7 +11,7 @@ from korch.backends import measure, registry
 from korch.backends.base import BuildError
 from korch.backends.db import ProfileDB
 from korch.cli import main
-from korch.optimize import optimize
+from korch.pipeline import optimize
 
 
 def _model() -> onnx.ModelProto:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from korch import zoo
-from korch.optimize import optimize
+from korch.pipeline import optimize
 from korch.orchestrate.plan import Plan
 from korch.runtime import reference
 from korch.runtime.ort import random_inputs

@@ -107,7 +107,7 @@ def test_kernel_classes_follow_op_kinds():
 
 @pytest.fixture(scope="module")
 def candy():
-    from korch.optimize import optimize
+    from korch.pipeline import optimize
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -51,7 +51,7 @@ def export_module(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
     """Export ``module`` called on ``example_inputs`` to the ONNX file ``path`` (returned)."""
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
-    example_inputs = tuple(example_inputs)
+    example_inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else ()
     if not example_inputs or not all(isinstance(x, torch.Tensor) for x in example_inputs):
         raise KorchError("a torch module needs example_inputs: a tensor or a sequence of tensors")
     if num_outputs is None:

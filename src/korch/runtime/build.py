@@ -8,6 +8,11 @@ fusing backends in their order, and each such build is checked against the
 reference executor before it is trusted. A backend that fails hands the kernel
 to the next; the last resort runs the kernel's primitives one torch operator
 at a time (the library backend's lowering), which always builds.
+
+Checking every kernel of a large model against the reference executor costs
+more than building it, so ``build_plan(check=False)`` builds first and the
+whole executable is checked against ONNX Runtime; only when that fails does
+``recheck`` check each unchecked kernel and rebuild the failing ones.
 """
 
 from __future__ import annotations
@@ -26,17 +31,6 @@ from korch.ir.subgraph import extract
 from korch.orchestrate.plan import Plan, PlannedKernel
 
 _LIBRARY_KINDS = (Kind.LINEAR, Kind.WINDOW, Kind.OPAQUE)
-
-
-@dataclasses.dataclass
-class BuiltStep:
-    """One planned kernel, built: what runs, which backend built it, what was tried before."""
-
-    planned: PlannedKernel
-    kernel: Graph
-    built: BuiltKernel
-    backend: str
-    refused: list[str] = dataclasses.field(default_factory=list)   # "backend: reason" of the failed tries
 
 
 def kernel_graphs(graph: Graph, plan: Plan) -> list[Graph]:
@@ -64,12 +58,28 @@ def _select_variant(built: BuiltKernel, variant: dict | None) -> None:
                 built.variant = v
 
 
-def build_step(planned: PlannedKernel, kernel: Graph, backends: Sequence[Backend], device: str) -> BuiltStep:
-    refused = []
+@dataclasses.dataclass
+class BuiltStep:
+    """One planned kernel, built: what runs, which backend built it, what was tried before."""
+
+    planned: PlannedKernel
+    kernel: Graph
+    built: BuiltKernel
+    backend: str
+    refused: list[str] = dataclasses.field(default_factory=list)   # "backend: reason" of the failed tries
+    checked: bool = False     # checked against the reference executor (here or when it was measured)
+
+
+def build_step(planned: PlannedKernel, kernel: Graph, backends: Sequence[Backend], device: str, *,
+               check_kernel: bool = True, skip: Sequence[str] = (), refused: Sequence[str] = ()) -> BuiltStep:
+    refused = list(refused)
     for backend in _preference(kernel, planned, backends):
+        if backend.name in skip:
+            continue
+        was_measured = backend.name == planned.backend and planned.measured
         try:
             built = backend.build(kernel, device)
-            if backend.name != planned.backend or not planned.measured:
+            if check_kernel and not was_measured:
                 result = check(built, kernel, device=device)
                 if not result.ok:
                     raise ValueError(f"check failed: {result.message}")
@@ -77,8 +87,8 @@ def build_step(planned: PlannedKernel, kernel: Graph, backends: Sequence[Backend
             refused.append(f"{backend.name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             continue
         _select_variant(built, planned.variant)
-        return BuiltStep(planned, kernel, built, backend.name, refused)
-    return BuiltStep(planned, kernel, LibraryKernel(kernel, device), "torch", refused)
+        return BuiltStep(planned, kernel, built, backend.name, refused, checked=check_kernel or was_measured)
+    return BuiltStep(planned, kernel, LibraryKernel(kernel, device), "torch", refused, checked=True)
 
 
 def rebuild(kernel: Graph, backend_name: str, target: str, device: str, variant: dict | None = None) -> BuiltKernel:
@@ -93,13 +103,37 @@ def rebuild(kernel: Graph, backend_name: str, target: str, device: str, variant:
     return built
 
 
+def _backends(target: str, device: str) -> list[Backend]:
+    return [b for b in backends_for(target) if b.supports_device(device)]
+
+
 def build_plan(graph: Graph, plan: Plan, target: str, device: str,
-               on_kernel: Callable[[int, int, PlannedKernel], None] | None = None) -> list[BuiltStep]:
+               on_kernel: Callable[[int, int, PlannedKernel], None] | None = None, *,
+               check_kernels: bool = True) -> list[BuiltStep]:
     """Every kernel of ``plan`` built for ``device`` (see the module docstring)."""
-    backends = [b for b in backends_for(target) if b.supports_device(device)]
+    backends = _backends(target, device)
     steps = []
     for i, (planned, kernel) in enumerate(zip(plan.kernels, kernel_graphs(graph, plan))):
         if on_kernel:
             on_kernel(i, len(plan.kernels), planned)
-        steps.append(build_step(planned, kernel, backends, device))
+        steps.append(build_step(planned, kernel, backends, device, check_kernel=check_kernels))
     return steps
+
+
+def recheck(steps: Sequence[BuiltStep], target: str, device: str) -> tuple[list[BuiltStep], int]:
+    """The steps with every unchecked kernel checked, and those that fail rebuilt by the next backend;
+    returns them and how many were rebuilt."""
+    backends = _backends(target, device)
+    result, rebuilt = [], 0
+    for step in steps:
+        if not step.checked:
+            outcome = check(step.built, step.kernel, device=device)
+            if not outcome.ok:
+                why = f"{step.backend}: check failed: {outcome.message}"
+                step = build_step(step.planned, step.kernel, backends, device, skip=(step.backend,),
+                                  refused=[*step.refused, why])
+                rebuilt += 1
+            else:
+                step = dataclasses.replace(step, checked=True)
+        result.append(step)
+    return result, rebuilt

@@ -59,10 +59,10 @@ class Executable:
         """Graph inputs by name -> graph outputs by name, as numpy arrays."""
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
-            raise KorchError(f"missing input(s) {', '.join(missing)}; the executable takes {self._describe()}")
+            raise KorchError(f"missing input(s) {', '.join(missing)}; the executable takes {self.describe_inputs()}")
         unknown = [n for n in feeds if n not in self.input_specs]
         if unknown:
-            raise KorchError(f"unknown input(s) {', '.join(unknown)}; the executable takes {self._describe()}")
+            raise KorchError(f"unknown input(s) {', '.join(unknown)}; the executable takes {self.describe_inputs()}")
         tensors = [self._as_input(n, feeds[n]) for n in self.input_names]
         return {name: o.cpu().numpy() for name, o in zip(self.output_names, self._launch(tensors))}
 
@@ -98,23 +98,23 @@ class Executable:
 
     # -- inputs --------------------------------------------------------------------------
 
-    def _describe(self) -> str:
+    def describe_inputs(self) -> str:
         return ", ".join(f"{n} {'x'.join(map(str, s)) or 'scalar'} {d}" for n, (s, d) in self.input_specs.items())
 
     def _bind(self, args: Sequence, kwargs: Mapping) -> list:
         if len(args) > len(self.input_names):
             raise KorchError(f"{len(args)} inputs given; the executable takes {len(self.input_names)}: "
-                             f"{self._describe()}")
+                             f"{self.describe_inputs()}")
         bound = dict(zip(self.input_names, args))
         for name, value in kwargs.items():
             if name not in self.input_specs:
-                raise KorchError(f"unknown input {name!r}; the executable takes {self._describe()}")
+                raise KorchError(f"unknown input {name!r}; the executable takes {self.describe_inputs()}")
             if name in bound:
                 raise KorchError(f"input {name!r} given twice")
             bound[name] = value
         missing = [n for n in self.input_names if n not in bound]
         if missing:
-            raise KorchError(f"missing input(s) {', '.join(missing)}; the executable takes {self._describe()}")
+            raise KorchError(f"missing input(s) {', '.join(missing)}; the executable takes {self.describe_inputs()}")
         return [bound[n] for n in self.input_names]
 
     def _as_input(self, name: str, value) -> torch.Tensor:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from korch.backends.registry import device_for
 from korch.errors import KorchError
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
@@ -60,19 +61,15 @@ def _capturable(kernels: list[Graph]) -> bool:
     return not any(node.op is Op.OPAQUE for k in kernels for node in k.nodes)
 
 
-def device_for_manifest(target: str) -> str:
-    from korch.backends.registry import device_for
-
-    return device_for(target)
-
-
 def write_executable(outdir: str | os.PathLike, graph: Graph, plan: Plan, *, target: str,
                      reference_model: bytes, on_kernel: Callable[[int, int, PlannedKernel], None] | None = None,
-                     ) -> Written:
+                     steps: list[BuiltStep] | None = None) -> Written:
+    """Build ``plan``'s kernels (unless ``steps`` are given, already built) and write the directory."""
     from korch import __version__
 
-    device = device_for_manifest(target)
-    steps = build_plan(graph, plan, target, device, on_kernel)
+    device = device_for(target)
+    if steps is None:
+        steps = build_plan(graph, plan, target, device, on_kernel, check_kernels=False)
     in_place = [s.built.in_place for s in steps]
     backends = [s.backend for s in steps]
     layout = plan_layout(graph, plan, in_place)
@@ -107,12 +104,17 @@ def write_executable(outdir: str | os.PathLike, graph: Graph, plan: Plan, *, tar
     return Written(executable, steps, layout, writer, manifest)
 
 
-def load(outdir: str | os.PathLike, device: str | None = None) -> Executable:
+def load(outdir: str | os.PathLike, device: str | None = None, target: str | None = None) -> Executable:
     """The executable in ``outdir``, its kernels built again from their kernel graphs (compiler caches make
-    this quick), on its target's device (``device`` must agree)."""
+    this quick), on its target's device (``device`` and ``target``, when given, must agree)."""
+    from korch.cost.devices import get_device
+
     manifest = bundle.read_manifest(outdir)
     outdir = Path(outdir)
     built_for = manifest["device"]
+    if target is not None and get_device(target).name != get_device(manifest["target"]).name:
+        raise KorchError(f"{outdir} was built for {manifest['target']}, not for {target}: "
+                         f"run korch optimize --target {target}")
     if device is not None and torch.device(device).type != built_for:
         raise KorchError(f"{outdir} was built for {manifest['target']} ({built_for}), not for {device}: "
                          f"run korch optimize --target for that device")

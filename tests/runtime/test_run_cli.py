@@ -1,0 +1,97 @@
+"""``korch optimize`` writes an executable, ``korch run [--check]`` runs it, ``korch bench`` times it;
+bad input is one line on stderr with exit status 2."""
+
+import json
+
+import numpy as np
+import pytest
+
+from korch.runtime.ort import run_model
+from tests.runtime.test_executable import _two_output_model
+from tests.test_cli import assert_one_line_error, korch
+
+
+@pytest.fixture(scope="module")
+def outdir(tmp_path_factory):
+    import onnx
+
+    root = tmp_path_factory.mktemp("cli")
+    onnx.save(_two_output_model(), root / "m.onnx")
+    result = korch("optimize", root / "m.onnx", "-o", root / "out", "--target", "cpu", "--cost", "roofline", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "matches ONNX Runtime" in result.stdout and "korch run" in result.stdout
+    return root / "out"
+
+
+def test_run_check_passes_and_prints_the_errors(outdir):
+    result = korch("run", outdir, "--check")
+    assert result.returncode == 0, result.stderr
+    assert "seeded random input(s): x" in result.stdout
+    assert "max abs error" in result.stdout and "max rel error" in result.stdout
+    assert "matches ONNX Runtime" in result.stdout
+
+
+def test_run_with_given_inputs_saves_the_outputs(outdir, tmp_path):
+    import onnx
+
+    x = np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    result = korch("run", outdir, "--input", f"x={tmp_path / 'x.npy'}", "--save-outputs", tmp_path / "o", "--check")
+    assert result.returncode == 0, result.stderr
+    want = run_model(onnx.load(str(outdir / "reference.onnx")), {"x": x})
+    np.testing.assert_allclose(np.load(tmp_path / "o" / "y.npy"), want["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_run_check_fails_on_a_mismatch(outdir, tmp_path):
+    """An executable whose reference model disagrees: --check exits 1 and says so."""
+    import shutil
+
+    import onnx
+    from onnx import helper
+
+    d = tmp_path / "copy"
+    shutil.copytree(outdir, d)
+    reference = onnx.load(str(d / "reference.onnx"))
+    mul = next(n for n in reference.graph.node if n.op_type == "Mul")
+    mul.op_type = "Add"
+    data = helper.make_model(reference.graph, opset_imports=reference.opset_import).SerializeToString()
+    (d / "reference.onnx").write_bytes(data)
+    manifest = json.loads((d / "manifest.json").read_text())
+    import hashlib
+
+    manifest["files"]["reference.onnx"] = hashlib.sha256(data).hexdigest()
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    result = korch("run", d, "--check")
+    assert result.returncode == 1
+    assert "DOES NOT match" in result.stdout and "MISMATCH" in result.stdout
+
+
+def test_run_bad_inputs_are_one_line_errors(outdir, tmp_path):
+    np.save(tmp_path / "wrong.npy", np.zeros((1, 3, 8, 9), np.float32))
+    np.save(tmp_path / "int.npy", np.zeros((1, 3, 8, 8), np.int64))
+    (tmp_path / "junk.npy").write_bytes(b"not an array")
+    assert_one_line_error(korch("run", outdir, "--input", f"x={tmp_path / 'wrong.npy'}"), "1x3x8x9")
+    assert_one_line_error(korch("run", outdir, "--input", f"x={tmp_path / 'int.npy'}"), "int64")
+    assert_one_line_error(korch("run", outdir, "--input", f"x={tmp_path / 'junk.npy'}"), "not a .npy")
+    assert_one_line_error(korch("run", outdir, "--input", f"x={tmp_path / 'none.npy'}"), "no such file")
+    assert_one_line_error(korch("run", outdir, "--input", "x"), "NAME=FILE.npy")
+    assert_one_line_error(korch("run", outdir, "--input", f"q={tmp_path / 'wrong.npy'}"), "unknown input")
+    assert_one_line_error(korch("run", outdir, "--target", "h100"), "built for cpu")
+    assert_one_line_error(korch("run", tmp_path / "nowhere"), "no such directory")
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(korch("run", tmp_path / "empty"), "not a korch executable")
+
+
+def test_bench_prints_ratios_writes_json_and_the_report(outdir, tmp_path):
+    result = korch("bench", outdir.parent / "m.onnx", "--target", "cpu", "--cost", "roofline", "--against",
+                   "eager,ort", "--budget", "0.05", "-o", tmp_path / "b", "--json", tmp_path / "b.json", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "korch speedup" in result.stdout and "ort" in result.stdout
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["korch"]["median_s"] > 0 and set(data["speedup"]) == {"eager", "ort"}
+    assert all(p["runs"] >= 10 for p in data["peers"])
+    assert 'id="benchmark"' in (tmp_path / "b" / "report.html").read_text()
+
+
+def test_bench_refuses_unknown_peers(tmp_path):
+    assert_one_line_error(korch("bench", "zoo:candy", "--against", "tensorrt", "-o", tmp_path / "b"), "tensorrt")

@@ -70,12 +70,20 @@ def main() -> int:
         print(json.dumps({k: v for k, v in row.items() if k != "log"}), flush=True)
     results = ROOT / "benchmarks" / "results"
     stem = f"run_check_{args.target}_{args.cost}"
+    earlier = results / f"{stem}.json"
+    if args.models and earlier.exists():  # a subset run replaces its models' rows, keeps the others
+        names = [r["model"] for r in rows]
+        kept = [r for r in json.loads(earlier.read_text()) if r["model"] not in names]
+        order = {m.removeprefix("zoo:") if m.startswith("zoo:") else os.path.basename(m): i
+                 for i, m in enumerate(models())}
+        rows = sorted(kept + rows, key=lambda r: order.get(r["model"], 99))
     import torch
 
+    command = " ".join(sys.argv[1:]) if not args.models else f"--target {args.target} --cost {args.cost}"
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
     lines = [f"# `korch optimize --target {args.target} --cost {args.cost}` then `korch run --check`", "",
              f"- date {datetime.date.today().isoformat()}, machine: {machine}",
-             f"- command: `python benchmarks/run_check_all.py {' '.join(sys.argv[1:])}`",
+             f"- command: `python benchmarks/run_check_all.py {command}`",
              f"- passed: **{sum(r['optimize_rc'] == 0 and r['run_check_rc'] == 0 for r in rows)} of {len(rows)}**",
              "", "| model | optimize exit | run --check exit | kernels | max abs err | max rel err | optimize s | run s |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

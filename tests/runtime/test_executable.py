@@ -210,3 +210,28 @@ def test_a_wrong_fused_kernel_is_found_and_rebuilt_by_the_next_backend(tmp_path,
     assert all(k["backend"] != "inductor" for k in kernels)
     assert any("inductor: check failed" in r for k in kernels for r in k["refused"])
     assert (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_graph_and_weights_round_trip_exactly(tmp_path):
+    """Every constant comes back with its shape and dtype, 0-d scalars included."""
+    from korch.ir.graph import Graph
+    from korch.ir.ops import Op
+
+    graph = Graph(name="g", opset=18)
+    graph.add_constant("scalar", np.array(2.5, np.float32))
+    graph.add_constant("vector", np.arange(3, dtype=np.int64))
+    graph.add_tensor(graph.tensors["vector"].__class__(name="x", shape=(3,), dtype="float32"))
+    graph.inputs.append("x")
+    graph.add_tensor(graph.tensors["x"].__class__(name="y", shape=(3,), dtype="float32"))
+    from korch.ir.graph import Node
+
+    graph.nodes.append(Node(op=Op.MUL, name="m", inputs=("x", "scalar"), outputs=("y",)))
+    graph.outputs.append("y")
+    writer = bundle.BundleWriter(tmp_path)
+    writer.write("graph.json", bundle.graph_bytes(graph))
+    writer.write("weights.npz", bundle.weights_bytes(graph))
+    back = bundle.read_graph(tmp_path)
+    assert back.nodes == graph.nodes and back.tensors == graph.tensors
+    for name, value in graph.constants.items():
+        assert back.constants[name].shape == value.shape and back.constants[name].dtype == value.dtype
+        np.testing.assert_array_equal(back.constants[name], value)

@@ -84,11 +84,11 @@ def test_run_bad_inputs_are_one_line_errors(outdir, tmp_path):
 
 def test_bench_prints_ratios_writes_json_and_the_report(outdir, tmp_path):
     result = korch("bench", outdir.parent / "m.onnx", "--target", "cpu", "--cost", "roofline", "--against",
-                   "eager,ort", "--budget", "0.05", "-o", tmp_path / "b", "--json", tmp_path / "b.json", "-q")
+                   "eager,compile,ort", "--budget", "0.05", "-o", tmp_path / "b", "--json", tmp_path / "b.json", "-q")
     assert result.returncode == 0, result.stderr
     assert "korch speedup" in result.stdout and "ort" in result.stdout
     data = json.loads((tmp_path / "b.json").read_text())
-    assert data["korch"]["median_s"] > 0 and set(data["speedup"]) == {"eager", "ort"}
+    assert data["korch"]["median_s"] > 0 and set(data["speedup"]) == {"eager", "compile", "ort"}
     assert all(p["runs"] >= 10 for p in data["peers"])
     assert 'id="benchmark"' in (tmp_path / "b" / "report.html").read_text()
 

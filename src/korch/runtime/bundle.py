@@ -51,7 +51,8 @@ def graph_bytes(graph: Graph) -> bytes:
 
 def weights_bytes(graph: Graph) -> bytes:
     buffer = io.BytesIO()
-    np.savez(buffer, **{f"w{i}": np.ascontiguousarray(v) for i, v in enumerate(graph.constants.values())})
+    # np.asarray keeps 0-d constants 0-d (np.ascontiguousarray would make them 1-d)
+    np.savez(buffer, **{f"w{i}": np.asarray(v, order="C") for i, v in enumerate(graph.constants.values())})
     return buffer.getvalue()
 
 

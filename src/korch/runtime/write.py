@@ -15,6 +15,7 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from korch.backends.registry import device_for
@@ -84,6 +85,7 @@ def write_executable(outdir: str | os.PathLike, graph: Graph, plan: Plan, *, tar
     writer.write("weights.npz", bundle.weights_bytes(graph))
     writer.write("plan.json", plan.to_bytes())
     writer.write("reference.onnx", reference_model)
+    _check_round_trip(graph, bundle.read_graph(outdir))
     executable = Executable(module_from_source(source), [s.built for s in steps], _constant_outputs(graph, device),
                             device, use_cuda_graph=_capturable([s.kernel for s in steps]))
     memory = layout.memory
@@ -102,6 +104,17 @@ def write_executable(outdir: str | os.PathLike, graph: Graph, plan: Plan, *, tar
     }
     executable.manifest = manifest
     return Written(executable, steps, layout, writer, manifest)
+
+
+def _check_round_trip(written: Graph, read: Graph) -> None:
+    """What ``load`` will read is what was checked: the graph and every weight, shape and dtype included."""
+    same = (read.nodes == written.nodes and read.tensors == written.tensors and read.inputs == written.inputs
+            and read.outputs == written.outputs and read.constants.keys() == written.constants.keys()
+            and all(read.constants[n].shape == v.shape and read.constants[n].dtype == v.dtype
+                    and np.array_equal(read.constants[n], v, equal_nan=v.dtype.kind in "fc")
+                    for n, v in written.constants.items()))
+    if not same:
+        raise RuntimeError("korch bug: the executable's graph or weights do not read back as written")
 
 
 def load(outdir: str | os.PathLike, device: str | None = None, target: str | None = None) -> Executable:

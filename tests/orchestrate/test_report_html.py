@@ -147,7 +147,14 @@ def test_candy_report_loads_in_headless_chromium_with_every_kernel(candy, tmp_pa
     graph, plan = candy
     plan.save(tmp_path / "plan.json")
     names = [k.name for k in Plan.load(tmp_path / "plan.json").kernels]
-    page = write_html_report(tmp_path, graph, plan)
+    executable = {"device": "cpu", "kernels": [{"name": n, "backend": "inductor"} for n in names],
+                  "memory": {"peak_bytes": 3 << 20, "buffers": 4, "planned_tensors": 9, "naive_bytes": 9 << 20},
+                  "check": {"ok": True, "max_abs": 1e-6, "max_rel": 2e-7, "tolerance": 2e-3}}
+    page = write_html_report(tmp_path, graph, plan, benchmark={"korch_s": 0.3, "peers": {"ort": 0.25}},
+                             executable=executable)
+    text = page.read_text()
+    assert 'id="executable"' in text and "inductor " + str(len(names)) in text and 'id="check"' in text
+    assert 'id="benchmark"' in text and "0.83×" in text
     dom = _dump_dom(page, tmp_path / "profile")
     body = dom.body()
     assert "data-errors" not in body, body["data-errors"]

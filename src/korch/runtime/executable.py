@@ -33,6 +33,7 @@ class Executable:
                  device: str, *, manifest: dict | None = None, use_cuda_graph: bool = True):
         self.module, self.kernels, self.device = module, list(kernels), torch.device(device)
         self.manifest = manifest or {}
+        self.check = None  # the ModelCheck against ONNX Runtime, when this process made one
         self.input_names = [name for name, _, _ in module.INPUTS]
         self.output_names = [name for name, _, _ in module.OUTPUTS]
         self.input_specs = {name: (tuple(shape), dtype) for name, shape, dtype in module.INPUTS}

@@ -235,3 +235,24 @@ def test_graph_and_weights_round_trip_exactly(tmp_path):
     for name, value in graph.constants.items():
         assert back.constants[name].shape == value.shape and back.constants[name].dtype == value.dtype
         np.testing.assert_array_equal(back.constants[name], value)
+
+
+def test_gpu_plan_with_triton_kernels_runs_in_the_interpreter(tmp_path):
+    """The GPU path of an executable on the CPU: korch's Triton kernels (Triton's interpreter, set up by
+    conftest) write planned buffers in place, and the whole sequence matches ONNX Runtime."""
+    from korch.backends.triton.launch import interpreting
+    from korch.pipeline import optimize
+    from korch.runtime.selfcheck import check_against_onnxruntime
+    from korch.runtime.write import write_executable
+
+    assert interpreting()
+    model = _two_output_model()
+    result = optimize(model, target="h100")
+    written = write_executable(tmp_path / "out", result.graph, result.plan, target="h100",
+                               reference_model=model.SerializeToString(), device="cpu")
+    backends = [k["backend"] for k in written.manifest["kernels"]]
+    assert "triton" in backends, backends
+    assert any(k["in_place"] for k in written.manifest["kernels"] if k["backend"] == "triton")
+    check = check_against_onnxruntime(written.executable, model)
+    assert check.ok, check.summary()
+    assert "K[0](" in (tmp_path / "out" / "model.py").read_text()

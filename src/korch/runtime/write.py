@@ -64,11 +64,14 @@ def _capturable(kernels: list[Graph]) -> bool:
 
 def write_executable(outdir: str | os.PathLike, graph: Graph, plan: Plan, *, target: str,
                      reference_model: bytes, on_kernel: Callable[[int, int, PlannedKernel], None] | None = None,
-                     steps: list[BuiltStep] | None = None) -> Written:
-    """Build ``plan``'s kernels (unless ``steps`` are given, already built) and write the directory."""
+                     steps: list[BuiltStep] | None = None, device: str | None = None) -> Written:
+    """Build ``plan``'s kernels (unless ``steps`` are given, already built) and write the directory.
+
+    ``device`` defaults to the target's; tests pass "cpu" with a GPU target to run korch's Triton kernels
+    in Triton's interpreter."""
     from korch import __version__
 
-    device = device_for(target)
+    device = device or device_for(target)
     if steps is None:
         steps = build_plan(graph, plan, target, device, on_kernel, check_kernels=False)
     in_place = [s.built.in_place for s in steps]

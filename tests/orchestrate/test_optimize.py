@@ -3,7 +3,6 @@
 import json
 import warnings
 
-import numpy as np
 import pytest
 
 from korch import zoo

@@ -29,7 +29,7 @@ PAPER_TUNING_HOURS = {"candy": 5.5, "efficientvit": 11.5, "yolov4": 12.2, "yolox
 
 def run_model(name: str, target: str, cost: str, db: str | None, peers: list[str], budget: float, jobs) -> dict:
     from korch import bench
-    from korch.api import compile_model, model_bytes
+    from korch.api import compile_model
 
     with tempfile.TemporaryDirectory(prefix=f"korch-{name}-") as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -37,7 +37,7 @@ def run_model(name: str, target: str, cost: str, db: str | None, peers: list[str
         compiled = compile_model(f"zoo:{name}", output=out, target=target, cost=cost, db=db, jobs=jobs)
         optimize_s = time.perf_counter() - start
         result = bench.bench(compiled.executable, model=f"zoo:{name}", graph=compiled.result.graph,
-                             reference_model=model_bytes(f"zoo:{name}"), peers=peers, target=target,
+                             reference_model=compiled.reference, peers=peers, target=target,
                              budget_s=budget)
     plan = compiled.result.plan
     return {**result.to_json(), "optimize_s": optimize_s, "kernels": len(plan.kernels), "cost": cost,

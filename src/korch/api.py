@@ -33,10 +33,12 @@ class Progress:
 
 @dataclasses.dataclass
 class Compiled:
-    """What ``compile_model`` did: the optimize result, and the written executable (None: plan only)."""
+    """What ``compile_model`` did: the optimize result, the written executable (None: plan only) and the
+    model's ONNX bytes as given (the reference ONNX Runtime runs)."""
 
     result: object
     written: object | None
+    reference: bytes
 
     @property
     def executable(self):
@@ -137,9 +139,9 @@ def compile_model(model, *, output: str | os.PathLike, target: str | None = None
         writer = BundleWriter(output)
         writer.write("plan.json", result.plan.to_bytes())
         _write_reports(writer, result, None)
-        return Compiled(result, None)
+        return Compiled(result, None, reference)
     written = _build_and_check(model, result, reference, target, output, progress)
-    return Compiled(result, written)
+    return Compiled(result, written, reference)
 
 
 def _write_reports(writer, result, manifest: dict | None) -> None:
@@ -196,12 +198,13 @@ def optimize(model, example_inputs=None, *, target: str | None = None, cost: str
     the profile database ``db``) or "roofline" (lower bounds only, fast).
     ``output``: the executable's directory (default: under the korch cache).
     """
+    target = target or detect_target()
     with tempfile.TemporaryDirectory(prefix="korch-export-") as workdir:
         reference = _onnx_of(model, example_inputs, Path(workdir))
-        if output is None:
+        if output is None:  # named by the model's content, so that another model never reuses the directory
             digest = hashlib.sha256(model_bytes(reference)).hexdigest()[:12]
             output = _default_output(reference if not isinstance(reference, onnx.ModelProto) else "model")
-            output = output.with_name(f"{output.name}-{digest}-{target or detect_target()}")
+            output = output.with_name(f"{output.name}-{digest}-{target}")
         compiled = compile_model(reference, output=output, target=target, cost=cost, db=db, jobs=jobs,
                                  input_shapes=input_shapes, time_limit=time_limit)
     if compiled.executable is None:

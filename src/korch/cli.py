@@ -211,7 +211,7 @@ def cmd_run(args) -> int:
 
 def cmd_bench(args) -> int:
     from korch import bench
-    from korch.api import compile_model, model_bytes
+    from korch.api import compile_model
 
     peers = bench.parse_peers(args.against)
     with _progress(args.quiet) as progress:
@@ -228,7 +228,7 @@ def cmd_bench(args) -> int:
         if compiled.executable is None:
             raise KorchError(f"korch bench runs on the target's device; no {compiled.result.plan.target} here")
         executable, graph = compiled.executable, compiled.result.graph
-        result = bench.bench(executable, model=args.model, graph=graph, reference_model=model_bytes(args.model),
+        result = bench.bench(executable, model=args.model, graph=graph, reference_model=compiled.reference,
                              peers=peers, target=executable.manifest["target"], budget_s=args.budget,
                              on_system=lambda n: progress.update(task, description=f"time {n}"))
     _print_bench(result)

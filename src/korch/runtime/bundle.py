@@ -105,8 +105,9 @@ class BundleWriter:
         return atomic_write_bytes(self.outdir / MANIFEST, json.dumps(data, indent=1).encode())
 
 
-def read_manifest(outdir: str | os.PathLike) -> dict:
-    """The manifest of ``outdir``, after checking the directory is a complete, uncorrupted executable."""
+def read_manifest(outdir: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
+    """The manifest of ``outdir`` and the verified contents of the files the loader reads, after checking the
+    directory is a complete, uncorrupted executable (each file is read once)."""
     outdir = Path(outdir)
     if not outdir.is_dir():
         raise KorchError(f"no korch executable at {outdir}: no such directory")
@@ -123,7 +124,8 @@ def read_manifest(outdir: str | os.PathLike) -> dict:
         raise KorchError(f"{outdir} is a {FORMAT} v{manifest.get('version')}; this korch reads v{VERSION}: "
                          "run korch optimize again")
     files = manifest.get("files", {})
-    for name in (*LOADED_FILES, *(f for f in files if f == "reference.onnx")):
+    verified = {}
+    for name in (*LOADED_FILES, *(["reference.onnx"] if "reference.onnx" in files else [])):
         if name not in files:
             raise KorchError(f"{outdir} is incomplete: the manifest lists no {name}")
         try:
@@ -132,15 +134,21 @@ def read_manifest(outdir: str | os.PathLike) -> dict:
             raise KorchError(f"{outdir} is incomplete: {name} is missing") from None
         if _sha256(data) != files[name]:
             raise KorchError(f"{outdir / name} is corrupted (its checksum differs from the manifest's)")
-    return manifest
+        verified[name] = data
+    return manifest, verified
+
+
+def graph_from_bytes(graph_json: bytes, weights_npz: bytes) -> Graph:
+    """The graph ``graph_bytes`` and ``weights_bytes`` wrote."""
+    data = json.loads(graph_json)
+    names = data.pop("constant_names")
+    graph = serialize.from_json(data)
+    with np.load(io.BytesIO(weights_npz)) as weights:
+        for i, name in enumerate(names):
+            graph.constants[name] = weights[f"w{i}"]
+    return graph
 
 
 def read_graph(outdir: str | os.PathLike) -> Graph:
     outdir = Path(outdir)
-    data = json.loads((outdir / "graph.json").read_bytes())
-    names = data.pop("constant_names")
-    graph = serialize.from_json(data)
-    with np.load(outdir / "weights.npz") as weights:
-        for i, name in enumerate(names):
-            graph.constants[name] = weights[f"w{i}"]
-    return graph
+    return graph_from_bytes((outdir / "graph.json").read_bytes(), (outdir / "weights.npz").read_bytes())

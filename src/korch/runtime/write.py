@@ -84,11 +84,12 @@ def write_executable(outdir: str | os.PathLike, graph: Graph, plan: Plan, *, tar
         if step.built.source:
             writer.write(f"kernels/{step.planned.name}_{step.backend}.py", step.built.source.encode())
     writer.write("model.py", source.encode())
-    writer.write("graph.json", bundle.graph_bytes(graph))
-    writer.write("weights.npz", bundle.weights_bytes(graph))
+    graph_json, weights_npz = bundle.graph_bytes(graph), bundle.weights_bytes(graph)
+    writer.write("graph.json", graph_json)
+    writer.write("weights.npz", weights_npz)
     writer.write("plan.json", plan.to_bytes())
     writer.write("reference.onnx", reference_model)
-    _check_round_trip(graph, bundle.read_graph(outdir))
+    _check_round_trip(graph, bundle.graph_from_bytes(graph_json, weights_npz))
     executable = Executable(module_from_source(source), [s.built for s in steps], _constant_outputs(graph, device),
                             device, use_cuda_graph=_capturable([s.kernel for s in steps]))
     memory = layout.memory
@@ -125,7 +126,7 @@ def load(outdir: str | os.PathLike, device: str | None = None, target: str | Non
     this quick), on its target's device (``device`` and ``target``, when given, must agree)."""
     from korch.cost.devices import get_device
 
-    manifest = bundle.read_manifest(outdir)
+    manifest, files = bundle.read_manifest(outdir)
     outdir = Path(outdir)
     built_for = manifest["device"]
     if target is not None and get_device(target).name != get_device(manifest["target"]).name:
@@ -136,9 +137,9 @@ def load(outdir: str | os.PathLike, device: str | None = None, target: str | Non
                          f"run korch optimize --target for that device")
     if built_for == "cuda" and not torch.cuda.is_available():
         raise KorchError(f"{outdir} was built for {manifest['target']} (CUDA), and no CUDA device is present")
-    graph = bundle.read_graph(outdir)
-    plan = Plan.from_bytes((outdir / "plan.json").read_bytes())
-    module = module_from_source((outdir / "model.py").read_text())
+    graph = bundle.graph_from_bytes(files["graph.json"], files["weights.npz"])
+    plan = Plan.from_bytes(files["plan.json"])
+    module = module_from_source(files["model.py"].decode())
     if len(plan.kernels) != len(manifest["kernels"]):
         raise KorchError(f"{outdir}: plan.json and the manifest disagree on the kernels: run korch optimize again")
     _warn_on_new_versions(manifest.get("versions", {}), outdir)

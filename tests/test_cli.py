@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from korch.runtime.ort import run_model
+from korch.ir.ort import run_model
 
 
 def korch(*args, cwd=None):

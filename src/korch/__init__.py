@@ -12,8 +12,8 @@ generators) -> ``runtime`` (executables).
 """
 
 from korch.errors import KorchError
+from korch.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["KorchError", "__version__", "load", "optimize"]
 
 

@@ -107,7 +107,7 @@ def _peer(name: str, module: torch.nn.Module, reference_model: bytes) -> Callabl
     if name == "ort":
         import onnx
 
-        from korch.runtime import ort
+        from korch.ir import ort
 
         session = ort.session(onnx.load_from_string(reference_model))
         names = [i.name for i in session.get_inputs()]

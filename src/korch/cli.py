@@ -197,7 +197,7 @@ def cmd_run(args) -> int:
         print(f"wrote the outputs to {args.save_outputs}")
     if not args.check:
         return 0
-    from korch.runtime import ort
+    from korch.ir import ort
 
     reference = onnx.load(str(Path(args.outdir) / "reference.onnx"))
     expected = ort.run_model(reference, feeds, executable.output_names)
@@ -303,7 +303,7 @@ def cmd_db(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from korch import __version__
+    from korch.version import __version__
 
     parser = argparse.ArgumentParser(prog="korch", description="Optimal kernel orchestration for tensor programs.")
     parser.add_argument("--version", action="version", version=f"korch {__version__}")

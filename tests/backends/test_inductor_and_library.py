@@ -9,7 +9,7 @@ from korch.backends.library import LibraryBackend
 from korch.backends.torch_ops import kernel_function
 from korch.ir.subgraph import extract
 from korch.orchestrate.candidates import enumerate_candidates
-from korch.runtime import reference
+from korch.ir import interpret
 from korch.summary import load_model
 from tests.backends import cases
 from tests.backends.kernels import check_built
@@ -55,7 +55,7 @@ def test_torch_lowering_matches_the_reference_on_zoo_candidates(model):
         c = candidates[i]
         k = extract(graph, c.nodes, c.inputs, c.outputs)
         xs = random_inputs(k)
-        expected = reference.run(k, dict(zip(k.inputs, xs)))
+        expected = interpret.run(k, dict(zip(k.inputs, xs)))
         for name, got in zip(k.outputs, kernel_function(k, "cpu")(*xs)):
             np.testing.assert_allclose(got.numpy(), expected[name], rtol=1e-4, atol=1e-4, err_msg=c.signature)
 

@@ -8,7 +8,7 @@ from korch.backends.triton import scalar
 from korch.backends.triton.loader import load_module
 from korch.ir.graph import Attrs, Node
 from korch.ir.ops import Op
-from korch.runtime.reference import run_node
+from korch.ir.interpret import run_node
 
 N = 64
 UNARY = [Op.NEG, Op.ABS, Op.EXP, Op.LOG, Op.SQRT, Op.RECIPROCAL, Op.TANH, Op.ERF, Op.SIGMOID, Op.RELU,

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from korch import config
-from korch.cost import GPUS, get_device, probe
+from korch.cost import GPUS, devices, get_device, probe
 from korch.errors import KorchError
 
 FAKE = {"memory_bandwidth": 10e9, "matmul_flops": 50e9, "elementwise_flops": 5e9, "tiny_op_seconds": 2e-6}
@@ -46,7 +46,7 @@ def test_unknown_target_names_the_known_ones():
 
 
 def test_probe_writes_its_file_then_reads_it(tmp_path, monkeypatch):
-    probe._cpu_device_at.cache_clear()
+    probe._record_at.cache_clear()
     monkeypatch.setattr(probe, "measure", lambda: dict(FAKE))
     monkeypatch.setattr(probe, "peak_matrix_flops", lambda: 0.0)
     with config.patch(cache_dir=tmp_path):
@@ -58,23 +58,23 @@ def test_probe_writes_its_file_then_reads_it(tmp_path, monkeypatch):
             raise AssertionError("the cached probe must not measure again")
 
         monkeypatch.setattr(probe, "measure", fail)
-        probe._cpu_device_at.cache_clear()
+        probe._record_at.cache_clear()
         again = get_device("cpu")
-    probe._cpu_device_at.cache_clear()
+    probe._record_at.cache_clear()
     assert again == first
-    assert first.kind == "cpu" and first.memory_bandwidth == 10e9 * probe.BANDWIDTH_HEADROOM
-    assert first.matrix_flops == {"float32": 50e9 * probe.FLOPS_HEADROOM}
+    assert first.kind == "cpu" and first.memory_bandwidth == 10e9 * devices.BANDWIDTH_HEADROOM
+    assert first.matrix_flops == {"float32": 50e9 * devices.FLOPS_HEADROOM}
     assert first.vector_flops == 2 * first.matrix_flops["float32"]
-    assert first.launch_overhead == 2e-6 * probe.LAUNCH_HEADROOM
+    assert first.launch_overhead == 2e-6 * devices.LAUNCH_HEADROOM
 
 
 def test_the_matrix_ceiling_is_never_below_the_fma_peak(tmp_path, monkeypatch):
-    probe._cpu_device_at.cache_clear()
+    probe._record_at.cache_clear()
     monkeypatch.setattr(probe, "measure", lambda: dict(FAKE))
     monkeypatch.setattr(probe, "peak_matrix_flops", lambda: 1e12)
     with config.patch(cache_dir=tmp_path):
         device = get_device("cpu")
-    probe._cpu_device_at.cache_clear()
+    probe._record_at.cache_clear()
     assert device.matrix_flops == {"float32": 1e12}
 
 
@@ -83,16 +83,32 @@ def test_fma_peak_is_read_from_cpuinfo():
 
 
 def test_probe_remeasures_a_corrupt_file(tmp_path, monkeypatch):
-    probe._cpu_device_at.cache_clear()
+    probe._record_at.cache_clear()
     monkeypatch.setattr(probe, "measure", lambda: dict(FAKE))
     with config.patch(cache_dir=tmp_path):
         path = probe._cache_path()
         path.parent.mkdir(parents=True)
         path.write_text("{not json")
-        assert get_device("cpu").memory_bandwidth == 10e9 * probe.BANDWIDTH_HEADROOM
+        assert get_device("cpu").memory_bandwidth == 10e9 * devices.BANDWIDTH_HEADROOM
         assert json.loads(path.read_text())["measured"] == FAKE
-    probe._cpu_device_at.cache_clear()
+    probe._record_at.cache_clear()
 
 
-def test_cache_bytes_reads_sysfs():
-    assert probe.cache_bytes() > 0
+def _cache(sysfs, cpu, index, kind, level, size, shared):
+    d = sysfs / f"cpu{cpu}" / "cache" / f"index{index}"
+    d.mkdir(parents=True)
+    for name, value in {"type": kind, "level": level, "size": size, "shared_cpu_list": shared}.items():
+        (d / name).write_text(value + "\n")
+
+
+def test_cache_bytes_counts_each_data_cache_once(tmp_path):
+    for cpu in (0, 1):  # private L1d, L1i and L2; one L3 shared by both cores
+        _cache(tmp_path, cpu, 0, "Data", "1", "32K", str(cpu))
+        _cache(tmp_path, cpu, 1, "Instruction", "1", "32K", str(cpu))
+        _cache(tmp_path, cpu, 2, "Unified", "2", "1024K", str(cpu))
+        _cache(tmp_path, cpu, 3, "Unified", "3", "32M", "0-1")
+    assert probe.cache_bytes(tmp_path) == 2 * (32 << 10) + 2 * (1 << 20) + (32 << 20)
+
+
+def test_cache_bytes_falls_back_when_sysfs_says_nothing(tmp_path):
+    assert probe.cache_bytes(tmp_path) == probe.FALLBACK_CACHE_BYTES

@@ -185,12 +185,12 @@ def test_candidate_bounds_follow_the_candidates():
 
 @pytest.fixture(scope="module")
 def cpu(tmp_path_factory):
-    probe._cpu_device_at.cache_clear()
+    probe._record_at.cache_clear()
     with config.patch(cache_dir=tmp_path_factory.mktemp("korch-cache")):
         start = time.perf_counter()
         device = get_device("cpu")
         seconds = time.perf_counter() - start
-    probe._cpu_device_at.cache_clear()
+    probe._record_at.cache_clear()
     return device, seconds
 
 

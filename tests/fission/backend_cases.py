@@ -19,7 +19,7 @@ import onnx
 from korch.fission import claimed_ops, find_rule, fission_with_report
 from korch.frontend import load_onnx
 from korch.ir import dtypes
-from korch.runtime import reference
+from korch.ir import interpret
 
 # Handled by the frontend (folded or removed), not by a fission rule.
 FRONTEND_OPS = frozenset({"Constant", "Identity", "Dropout", "Shape", "Size", "ConstantOfShape"})
@@ -121,7 +121,7 @@ def run_case(case) -> list[Outcome]:
                 outcomes.append(Outcome(label, op, "skipped", "kept opaque: " + "; ".join(
                     f"{k}: {v}" for k, v in report.opaque.items())))
                 continue
-            got = reference.run(graph, {k: v for k, v in feeds.items() if k in graph.inputs})
+            got = interpret.run(graph, {k: v for k, v in feeds.items() if k in graph.inputs})
         except Exception as exc:  # a crash is a failure of the claimed rule
             outcomes.append(Outcome(label, op, "failed", f"{type(exc).__name__}: {exc}"))
             continue

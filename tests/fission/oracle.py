@@ -10,7 +10,7 @@ import onnx
 from korch.fission import OpaqueOperatorWarning, fission
 from korch.frontend import load_onnx
 from korch.ir import Graph
-from korch.runtime import ort, reference
+from korch.ir import interpret, ort
 
 
 def lower(model: onnx.ModelProto) -> Graph:
@@ -23,7 +23,7 @@ def lower(model: onnx.ModelProto) -> Graph:
 def check_against_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rtol=1e-4, atol=1e-5) -> Graph:
     """The reference executor on the primitive graph matches ONNX Runtime on ``model``, output by output."""
     graph = lower(model)
-    got = reference.run(graph, feeds)
+    got = interpret.run(graph, feeds)
     want = ort.run_model(model, feeds)
     for name, value in want.items():
         assert got[name].shape == value.shape and got[name].dtype == value.dtype, name

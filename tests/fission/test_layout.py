@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 from korch.fission import OpaqueOperatorWarning, fission, fission_with_report
 from korch.frontend import ImportedModel, load_onnx
 from korch.ir.ops import Op
-from korch.runtime import ort, reference
+from korch.ir import interpret, ort
 
 INT64_MAX, INT64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
@@ -40,7 +40,7 @@ def _check(op, feeds, consts=None, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("error", OpaqueOperatorWarning)
         graph = fission(load_onnx(model))
-    got, want = reference.run(graph, feeds), ort.run_model(model, feeds)
+    got, want = interpret.run(graph, feeds), ort.run_model(model, feeds)
     for name, value in want.items():
         assert got[name].shape == value.shape and got[name].dtype == value.dtype, name
         np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
@@ -166,7 +166,7 @@ def _raw(op, feeds, outputs, opset=19, consts=None, **attrs):
     imported = ImportedModel(model, shapes, {k: np.asarray(v) for k, v in (consts or {}).items()}, opset)
     graph, report = fission_with_report(imported)
     assert not report.opaque, report.opaque
-    return graph, reference.run(graph, feeds)
+    return graph, interpret.run(graph, feeds)
 
 
 def test_identity_dropout_and_constants_without_the_frontend():
@@ -204,4 +204,4 @@ def test_constant_value_attribute_types():
     model = _model("Constant", {}, outputs=("y",), value=helper.make_tensor("v", TensorProto.INT32, [2], [3, -4]))
     imported = ImportedModel(model, {"y": ((2,), "int32")}, {}, 19)
     graph, _ = fission_with_report(imported)
-    np.testing.assert_array_equal(reference.run(graph, {})["y"], np.array([3, -4], np.int32))
+    np.testing.assert_array_equal(interpret.run(graph, {})["y"], np.array([3, -4], np.int32))

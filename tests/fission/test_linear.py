@@ -15,7 +15,7 @@ from korch.fission import fission
 from korch.fission.linear import explicit_pads
 from korch.frontend import load_onnx
 from korch.ir.ops import Op
-from korch.runtime import ort, reference
+from korch.ir import interpret, ort
 
 
 def _model(op: str, shapes, opset: int, consts: dict, **attrs):
@@ -39,7 +39,7 @@ def _check(op: str, shapes, opset=17, const=(), oracle_attrs=None, **attrs):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an opaque fallback would hide a missing rule
         graph = fission(load_onnx(model))
-    got = reference.run(graph, feeds)["y"]
+    got = interpret.run(graph, feeds)["y"]
     oracle = model if oracle_attrs is None else _model(op, shapes, opset, consts, **oracle_attrs)
     want = ort.run_model(oracle, feeds)["y"]
     assert got.shape == want.shape

@@ -13,7 +13,7 @@ from korch.fission.builder import Builder
 from korch.frontend import load_onnx
 from korch.ir.graph import Graph, Tensor
 from korch.ir.ops import Op
-from korch.runtime import ort, reference
+from korch.ir import interpret, ort
 from tests.fission.oracle import check_against_ort, lower as _lower
 
 
@@ -145,7 +145,7 @@ def test_batch_normalization_opset_7_per_activation_statistics():
              for k, v in _bn_inputs(3).items()}
     want = (x - stats["mean"]) / np.sqrt(stats["var"] + 1e-5) * stats["scale"] + stats["B"]
     graph = _lower(_model("BatchNormalization", {"x": x}, 7, constants=stats, spatial=0))
-    np.testing.assert_allclose(reference.run(graph, {"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(interpret.run(graph, {"x": x})["y"], want, rtol=1e-4, atol=1e-5)
 
 
 def test_batch_normalization_opset_6_needs_is_test():
@@ -154,7 +154,7 @@ def test_batch_normalization_opset_6_needs_is_test():
     want = (x - stats["mean"][:, None]) / np.sqrt(stats["var"][:, None] + 1e-5) * stats["scale"][:, None] \
         + stats["B"][:, None]
     graph = _lower(_model("BatchNormalization", {"x": x}, 6, constants=stats, is_test=1))
-    np.testing.assert_allclose(reference.run(graph, {"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(interpret.run(graph, {"x": x})["y"], want, rtol=1e-4, atol=1e-5)
     with pytest.warns(OpaqueOperatorWarning, match="BatchNormalization"):  # is_test=0 is training
         graph = fission(load_onnx(_model("BatchNormalization", {"x": x}, 6, constants=stats)))
     assert _ops(graph) == [Op.OPAQUE]
@@ -204,7 +204,7 @@ def test_group_normalization_18_per_group():
     graph.outputs.append(y)
     model = _model("GroupNormalization", {"x": x}, 18, constants={"scale": scale, "bias": bias}, num_groups=3)
     want = ort.run_model(model, {"x": x})["y"]
-    np.testing.assert_allclose(reference.run(graph, {"x": x})[y], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(interpret.run(graph, {"x": x})[y], want, rtol=1e-4, atol=1e-5)
 
 
 # -- LRN, MVN, Lp -------------------------------------------------------------------
@@ -226,7 +226,7 @@ def test_lrn_even_size(size):
     squares = np.pad(x * x, ((0, 0), (lo, hi), (0, 0), (0, 0)))
     window = sum(squares[:, i:i + x.shape[1]] for i in range(size))
     want = x / (1.5 + 0.3 / size * window) ** 0.6
-    np.testing.assert_allclose(reference.run(graph, {"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(interpret.run(graph, {"x": x})["y"], want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape,axes", [((2, 3, 4, 5), None), ((3, 4, 5), [1]), ((3, 4, 5), [0, -1])])
@@ -246,5 +246,5 @@ def test_lp_normalization_of_a_zero_slice_is_zero():
     x = _rand(3, 4)
     x[1] = 0
     graph = _lower(_model("LpNormalization", {"x": x}, 22, p=2, axis=1))
-    got = reference.run(graph, {"x": x})["y"]
+    got = interpret.run(graph, {"x": x})["y"]
     assert np.all(got[1] == 0) and np.all(np.isfinite(got))

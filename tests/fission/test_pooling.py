@@ -15,7 +15,7 @@ from korch.fission import OpaqueOperatorWarning, fission
 from korch.fission.linear import explicit_pads
 from korch.frontend import load_onnx
 from korch.ir.ops import Op
-from korch.runtime import ort, reference
+from korch.ir import interpret, ort
 
 
 def _model(op: str, shape, opset: int, dtype=np.float32, outputs=("y",), **attrs):
@@ -42,7 +42,7 @@ def _check(op: str, shape, opset=19, dtype=np.float32, oracle_attrs=None, **attr
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an opaque fallback would hide a missing rule
         graph = fission(load_onnx(model))
-    got = reference.run(graph, {"x": x})["y"]
+    got = interpret.run(graph, {"x": x})["y"]
     oracle = model if oracle_attrs is None else _model(op, shape, opset, dtype, **oracle_attrs)
     want = ort.run_model(oracle, {"x": x})["y"]
     assert got.shape == want.shape and got.dtype == want.dtype
@@ -147,7 +147,7 @@ def test_max_pool_indices_stay_opaque():
         graph = fission(load_onnx(model))
     assert _ops(graph) == [Op.OPAQUE]
     x = _input((1, 2, 6, 6))
-    got, want = reference.run(graph, {"x": x}), ort.run_model(model, {"x": x})
+    got, want = interpret.run(graph, {"x": x}), ort.run_model(model, {"x": x})
     np.testing.assert_array_equal(got["i"], want["i"])
 
 

@@ -10,8 +10,8 @@ from korch.fission import OpaqueOperatorWarning, claimed_ops, find_rule, fission
 from korch.fission import registry
 from korch.frontend import load_onnx
 from korch.ir import Op
-from korch.runtime import reference
-from korch.runtime.ort import run_model
+from korch.ir import interpret
+from korch.ir.ort import run_model
 from tests.fission.backend_cases import FRONTEND_OPS, collect_claimed, case_ops
 
 REQUIRED = """Add Sub Mul Div Pow Sqrt Reciprocal Exp Log Erf Tanh Sigmoid Relu LeakyRelu PRelu Elu Selu Clip
@@ -68,7 +68,7 @@ def test_softmax_keeps_the_max_and_survives_large_inputs():
     ops = [n.op for n in graph.nodes]
     assert ops.index(Op.REDUCE_MAX) < ops.index(Op.EXP)
     x = np.array([[1000, 1001, 1002, 0, -1000]] * 2, dtype=np.float32)
-    got = reference.run(graph, {"x": x})["y"]
+    got = interpret.run(graph, {"x": x})["y"]
     np.testing.assert_allclose(got, run_model(_one_node("Softmax", shape=(2, 5), axis=1), {"x": x})["y"],
                                rtol=1e-5, atol=1e-7)
     assert np.isfinite(got).all()
@@ -81,5 +81,5 @@ def test_activations_match_onnxruntime_on_wide_inputs(op_type):
     with warnings.catch_warnings():
         warnings.simplefilter("error", OpaqueOperatorWarning)
         graph = fission(load_onnx(model))
-    np.testing.assert_allclose(reference.run(graph, {"x": x})["y"], run_model(model, {"x": x})["y"],
+    np.testing.assert_allclose(interpret.run(graph, {"x": x})["y"], run_model(model, {"x": x})["y"],
                                rtol=1e-5, atol=1e-6)

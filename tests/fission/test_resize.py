@@ -14,7 +14,7 @@ from korch.fission import OpaqueOperatorWarning, fission
 from korch.fission.resize import axis_filter
 from korch.frontend import load_onnx
 from korch.ir.ops import Op
-from korch.runtime import ort, reference
+from korch.ir import interpret, ort
 
 X = np.random.default_rng(0).standard_normal((1, 2, 4, 8)).astype(np.float32)
 
@@ -44,7 +44,7 @@ def _check(x=X, atol=1e-5, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("error", OpaqueOperatorWarning)
         graph = fission(load_onnx(model))
-    got, want = reference.run(graph, {"x": x})["y"], ort.run_model(model, {"x": x})["y"]
+    got, want = interpret.run(graph, {"x": x})["y"], ort.run_model(model, {"x": x})["y"]
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol)
     return [n.op for n in graph.nodes]
@@ -140,7 +140,7 @@ def test_integer_interpolation_rounds_once_at_the_end():
     model = _model(x, scales=[1, 1, 2.0, 1.5], mode="linear")
     graph = fission(load_onnx(model))
     assert [n.op for n in graph.nodes][-4:] == [Op.ROUND, Op.MAX, Op.MIN, Op.CAST]
-    np.testing.assert_array_equal(reference.run(graph, {"x": x})["y"], ReferenceEvaluator(model).run(None, {"x": x})[0])
+    np.testing.assert_array_equal(interpret.run(graph, {"x": x})["y"], ReferenceEvaluator(model).run(None, {"x": x})[0])
 
 
 @pytest.mark.parametrize("opset", [11, 13])

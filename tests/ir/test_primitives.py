@@ -8,8 +8,8 @@ from korch.ir import Graph, IRError, Op, Tensor, verify
 from korch.ir import ops
 from korch.ir.serialize import from_json, to_json
 from korch.ir.to_onnx import to_onnx
-from korch.runtime import reference
-from korch.runtime.ort import random_inputs, run_model
+from korch.ir import interpret
+from korch.ir.ort import random_inputs, run_model
 
 
 def _graph(*inputs: tuple[str, tuple[int, ...], str]) -> tuple[Graph, Builder]:
@@ -25,13 +25,13 @@ def _check_against_ort(g: Graph, out: str, seed: int = 0, feeds=None):
     verify(g)
     specs = {n: (g.tensors[n].shape, g.tensors[n].dtype) for n in g.inputs}
     feeds = feeds or random_inputs(specs, seed)
-    ours = reference.run(g, feeds)[out]
+    ours = interpret.run(g, feeds)[out]
     theirs = run_model(to_onnx(g), feeds)[out]
     assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
     again = from_json(to_json(g))
     assert again.nodes == g.nodes and again.tensors == g.tensors
-    np.testing.assert_array_equal(reference.run(again, feeds)[out], ours)
+    np.testing.assert_array_equal(interpret.run(again, feeds)[out], ours)
     return ours
 
 
@@ -128,7 +128,7 @@ def test_conv_and_transpose(spatial):
 
 
 def test_every_op_has_reference_and_onnx_form():
-    assert reference.supported_ops() == frozenset(Op)
+    assert interpret.supported_ops() == frozenset(Op)
 
 
 def test_verify_rejects_bad_graphs():

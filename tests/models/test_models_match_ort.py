@@ -16,8 +16,8 @@ import pytest
 
 from korch import zoo
 from korch.ir.to_onnx import to_onnx
-from korch.runtime import reference
-from korch.runtime.ort import random_inputs, run_model
+from korch.ir import interpret
+from korch.ir.ort import random_inputs, run_model
 from korch.summary import load_model
 
 LIGHT_DIR = os.path.join(os.path.dirname(onnx.backend.test.__file__), "data", "light")
@@ -37,7 +37,7 @@ def check_model(path: str) -> None:
     assert not report.opaque, f"operators left opaque: {report.opaque}"
     feeds = random_inputs({n: (graph.tensors[n].shape, graph.tensors[n].dtype) for n in graph.inputs}, seed=1)
     want = run_model(path, feeds)
-    ours = reference.run(graph, feeds)
+    ours = interpret.run(graph, feeds)
     exported = run_model(to_onnx(graph), feeds)
     for name in graph.outputs:
         assert ours[name].shape == want[name].shape

@@ -8,8 +8,8 @@ import pytest
 from korch import zoo
 from korch.pipeline import optimize
 from korch.orchestrate.plan import Plan
-from korch.runtime import reference
-from korch.runtime.ort import random_inputs
+from korch.ir import interpret
+from korch.ir.ort import random_inputs
 from korch.runtime.plan_executor import run_plan
 from tests.models.test_models_match_ort import max_relative_error
 from tests.test_cli import assert_one_line_error, korch
@@ -26,7 +26,7 @@ def test_plan_executes_kernel_by_kernel_and_matches_the_model(name):
     producers = {out for node in graph.nodes for out in node.outputs}
     assert set(graph.outputs) <= {t for k in plan.kernels for t in k.outputs} and covered
     feeds = random_inputs({n: (graph.tensors[n].shape, graph.tensors[n].dtype) for n in graph.inputs}, seed=2)
-    want = reference.run(graph, feeds)
+    want = interpret.run(graph, feeds)
     got = run_plan(graph, Plan.from_json(json.loads(json.dumps(plan.to_json()))), feeds)
     for out in graph.outputs:
         assert max_relative_error(got[out], want[out]) <= 1e-5, out

@@ -15,7 +15,7 @@ from korch.orchestrate.plan import Plan
 from korch.runtime import bundle
 from korch.runtime.codegen import plan_layout
 from korch.runtime.memory import KernelStep, check_plan
-from korch.runtime.ort import random_inputs, run_model
+from korch.ir.ort import random_inputs, run_model
 from korch.runtime.write import load
 
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from korch.runtime.ort import run_model
+from korch.ir.ort import run_model
 from tests.runtime.test_executable import _two_output_model
 from tests.test_cli import assert_one_line_error, korch
 

@@ -1,7 +1,7 @@
 """Checking a built kernel against the reference executor before its latency is trusted.
 
 Every kernel runs on seeded random inputs; its outputs are compared with
-``korch.runtime.reference`` on the same inputs. Output buffers are poisoned
+``korch.ir.interpret`` on the same inputs. Output buffers are poisoned
 (NaN, or an extreme integer) before the run, so an element the kernel never
 wrote shows as a mismatch. Floats compare by relative norm,
 ``||out - ref|| / ||ref||`` (float32 arithmetic lands far below the tolerance;
@@ -20,7 +20,7 @@ import torch
 from korch.backends.base import BuiltKernel
 from korch.ir import dtypes
 from korch.ir.graph import Graph
-from korch.runtime import reference
+from korch.ir import interpret
 
 # relative-norm tolerance for floating-point outputs
 FLOAT_TOLERANCE = 2e-3
@@ -92,10 +92,10 @@ def check(built: BuiltKernel, kernel: Graph, *, device: str = "cpu", seed: int =
     tests something.
     """
     inputs = random_inputs(kernel, seed)
-    expected = reference.run(kernel, dict(zip(kernel.inputs, inputs)))
+    expected = interpret.run(kernel, dict(zip(kernel.inputs, inputs)))
     if _mostly_nan(expected.values()):
         inputs = random_inputs(kernel, seed, positive=True)
-        expected = reference.run(kernel, dict(zip(kernel.inputs, inputs)))
+        expected = interpret.run(kernel, dict(zip(kernel.inputs, inputs)))
     buffers = _poisoned(kernel, device)
     actual = built(*[x.to(device) for x in inputs], out=buffers)
     if device.startswith("cuda"):

@@ -18,15 +18,12 @@ import torch.nn.functional as F
 
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import Op
-from korch.runtime import reference
+from korch.ir import interpret
 
 NodeFn = Callable[..., list[torch.Tensor]]
 _POOL = {(Op.MAX_POOL, 1): F.max_pool1d, (Op.MAX_POOL, 2): F.max_pool2d, (Op.MAX_POOL, 3): F.max_pool3d,
          (Op.AVG_POOL, 1): F.avg_pool1d, (Op.AVG_POOL, 2): F.avg_pool2d, (Op.AVG_POOL, 3): F.avg_pool3d}
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
-_TORCH_PAD_MODES = {"reflect": "reflect", "edge": "replicate", "wrap": "circular"}
-
-
 def _symmetric(pads: Sequence[int]) -> list[int] | None:
     k = len(pads) // 2
     return list(pads[:k]) if list(pads[:k]) == list(pads[k:]) else None
@@ -59,7 +56,7 @@ def _pad(node: Node, input_shape: Sequence[int], device) -> NodeFn:
     if mode == "constant":
         torch_pads = [p for axis in reversed(range(rank)) for p in (pads[axis], pads[rank + axis])]
         return lambda x, value=None: [F.pad(x, torch_pads, value=0.0 if value is None else value.item())]
-    maps = {axis: torch.as_tensor(reference.pad_index(size, pads[axis], pads[rank + axis], mode), device=device)
+    maps = {axis: torch.as_tensor(interpret.pad_index(size, pads[axis], pads[rank + axis], mode), device=device)
             for axis, size in enumerate(input_shape) if pads[axis] or pads[rank + axis]}
 
     def run(x, value=None):
@@ -90,7 +87,7 @@ def _conv(node: Node) -> NodeFn:
     k = len(a["strides"])
     fn = _CONV[k]
     if pads is None:
-        return lambda x, w: [fn(reference._pad_spatial(x, a["pads"], 0.0), w, stride=a["strides"],
+        return lambda x, w: [fn(interpret.pad_spatial(x, a["pads"], 0.0), w, stride=a["strides"],
                                 dilation=a["dilations"], groups=a["group"])]
     return lambda x, w: [fn(x, w, stride=a["strides"], padding=pads, dilation=a["dilations"], groups=a["group"])]
 
@@ -98,7 +95,7 @@ def _conv(node: Node) -> NodeFn:
 def _opaque(node: Node) -> NodeFn:
     def run(*xs):
         device = next((x.device for x in xs if x is not None), torch.device("cpu"))
-        outs = reference.run_node(node, [None if x is None else x.cpu() for x in xs])
+        outs = interpret.run_node(node, [None if x is None else x.cpu() for x in xs])
         return [o.to(device) for o in outs]
     return run
 
@@ -117,12 +114,12 @@ def node_function(graph: Graph, node: Node, device) -> NodeFn:
         return _conv(node)
     if node.op is Op.OPAQUE:
         return _opaque(node)
-    return lambda *xs: reference.run_node(node, xs)
+    return lambda *xs: interpret.run_node(node, xs)
 
 
 def kernel_function(kernel: Graph, device) -> Callable[..., list[torch.Tensor]]:
     """``f(*inputs) -> outputs`` computing ``kernel`` with torch on ``device`` (constants bound, on the device)."""
-    constants = {name: reference.as_torch(v).to(device) for name, v in kernel.constants.items()}
+    constants = {name: interpret.as_torch(v).to(device) for name, v in kernel.constants.items()}
     steps = [(node_function(kernel, node, device), node.inputs, node.outputs) for node in kernel.nodes]
     inputs, outputs = list(kernel.inputs), list(kernel.outputs)
 

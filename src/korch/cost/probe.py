@@ -1,4 +1,4 @@
-"""The host CPU as a ``Device``: measured once with torch, scaled into ceilings, cached as JSON.
+"""The host CPU measured once with torch and cached as JSON (``cost.devices`` scales it into ceilings).
 
 The CPU has no datasheet korch can read, so a probe (about two seconds, most
 of it allocating) times:
@@ -41,13 +41,6 @@ from korch.fsutil import atomic_write_bytes
 
 # Bump when the probe measures differently, so cached results are not reused.
 PROBE_VERSION = 1
-# Headroom above the measured best (lead: candidates for korch.config): a ceiling
-# must stay above what any kernel reaches, and the probe's own code is not the fastest.
-# x2, not x1.25: on the shared 2-vCPU VM korch was written on, best-of rates swung
-# from second to second between 11 and 22 GB/s (copy) and 60 and 105 GFLOP/s (matmul).
-BANDWIDTH_HEADROOM = 2.0
-FLOPS_HEADROOM = 2.0
-LAUNCH_HEADROOM = 0.5
 # Cache size assumed when sysfs says nothing: large, so the bound stays a floor.
 FALLBACK_CACHE_BYTES = 512 << 20
 
@@ -110,10 +103,10 @@ def measure() -> dict[str, float]:
             "tiny_op_seconds": launch}
 
 
-def cache_bytes() -> int:
+def cache_bytes(sysfs: Path = Path("/sys/devices/system/cpu")) -> int:
     """Bytes of all data caches of this host (each shared cache once), from sysfs."""
     seen: dict[tuple[str, str], int] = {}
-    for index in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cache/index[0-9]*"):
+    for index in sysfs.glob("cpu[0-9]*/cache/index[0-9]*"):
         try:
             if (index / "type").read_text().strip() == "Instruction":
                 continue
@@ -144,6 +137,7 @@ def _cache_path() -> Path:
     return Path(config.cache_dir) / "devices" / f"cpu-{digest}.json"
 
 
+@functools.cache
 def peak_matrix_flops() -> float:
     """The FMA units' float32 peak of all cores from /proc/cpuinfo (0 if unknown): a ceiling no code passes.
 
@@ -165,41 +159,29 @@ def peak_matrix_flops() -> float:
     return (os.cpu_count() or 1) * per_cycle * max(mhz, default=0.0) * 1e6 * 1.25
 
 
-def _device_from(record: dict):
-    from korch.cost.devices import Device
-
-    raw = record["measured"]
-    # the measured best can sit far below what oneDNN reaches in a good spell: never below the FMA peak
-    matrix = max(raw["matmul_flops"] * FLOPS_HEADROOM, peak_matrix_flops())
-    vector = 2 * max(raw["elementwise_flops"] * FLOPS_HEADROOM, matrix)
-    bandwidth = raw["memory_bandwidth"] * BANDWIDTH_HEADROOM
-    return Device(
-        name="cpu", kind="cpu", memory_bandwidth=bandwidth, vector_flops=vector,
-        matrix_flops={"float32": matrix}, launch_overhead=raw["tiny_op_seconds"] * LAUNCH_HEADROOM,
-        cache_bytes=int(record["cache_bytes"]),
-        source=(f"probe v{PROBE_VERSION} of {record['cpu']} ({record['threads']} torch threads, "
-                f"torch {record['torch']}): measured best x{BANDWIDTH_HEADROOM} bandwidth, "
-                f"x{FLOPS_HEADROOM} FLOP/s or the FMA peak (vector: 2x), x{LAUNCH_HEADROOM} launch; "
-                "cache from sysfs"),
-    )
+_RECORD_KEYS = ("cpu", "threads", "torch", "cache_bytes", "measured")
+_MEASURED_KEYS = ("memory_bandwidth", "matmul_flops", "elementwise_flops", "tiny_op_seconds")
 
 
 @functools.cache
-def _cpu_device_at(path: Path):
+def _record_at(path: Path) -> dict:
     if path.exists():
         try:
-            return _device_from(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
-            pass  # a stale or foreign file: measure again
+            record = json.loads(path.read_text())
+            if all(k in record for k in _RECORD_KEYS) and all(k in record["measured"] for k in _MEASURED_KEYS):
+                return record
+        except (ValueError, TypeError):
+            pass  # a corrupt file: measure again
     import torch
 
     record = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
               "torch": torch.__version__, "probe_version": PROBE_VERSION,
               "cache_bytes": cache_bytes(), "measured": measure()}
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
-    return _device_from(record)
+    return record
 
 
-def cpu_device():
-    """This host as a ``Device``: read from the cache, or measured (under two seconds) and cached."""
-    return _cpu_device_at(_cache_path())
+def cpu_record() -> dict:
+    """This host's probe record (the measured bests, the cache size, what was measured on): read from the
+    cache, or measured (under two seconds) and cached. ``cost.devices`` turns it into ceilings."""
+    return _record_at(_cache_path())

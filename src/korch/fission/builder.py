@@ -90,7 +90,7 @@ class Builder:
         return name
 
     def _fold(self, op: Op, inputs: Sequence[str], attrs: Attrs) -> str:
-        from korch.runtime.reference import as_torch, run_node
+        from korch.ir.interpret import as_torch, run_node
 
         node = Node(op=op, inputs=tuple(inputs), outputs=("folded",), attrs=attrs)
         (value,) = run_node(node, [as_torch(self.graph.constants[n]) for n in inputs])

@@ -2,7 +2,7 @@
 
 Every operator of an imported model is rewritten (``korch.fission``) into these
 primitives. Each op states its meaning here once; the shape rules
-(``ir/shapes.py``), the reference executor (``runtime/reference.py``) and the
+(``ir/shapes.py``), the reference executor (``ir/interpret.py``) and the
 ONNX exporter (``ir/to_onnx.py``) are interpretations of the same names.
 
 Conventions every stage relies on:

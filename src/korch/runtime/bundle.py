@@ -64,7 +64,7 @@ def versions() -> dict[str, str]:
     import onnxruntime
     import torch
 
-    from korch import __version__
+    from korch.version import __version__
 
     found = {"korch": __version__, "python": platform.python_version(), "torch": torch.__version__,
              "numpy": np.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}

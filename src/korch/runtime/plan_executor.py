@@ -16,7 +16,7 @@ import numpy as np
 from korch.ir.graph import Graph
 from korch.ir.subgraph import extract
 from korch.orchestrate.plan import Plan
-from korch.runtime import reference
+from korch.ir import interpret
 
 
 def run_plan(graph: Graph, plan: Plan, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -27,7 +27,7 @@ def run_plan(graph: Graph, plan: Plan, feeds: Mapping[str, np.ndarray]) -> dict[
         if missing:
             raise RuntimeError(f"kernel {kernel.name} ({kernel.ops}) reads {missing}, which no earlier kernel wrote")
         sub = extract(graph, [index[n] for n in kernel.nodes], kernel.inputs, kernel.outputs, name=kernel.name)
-        env.update(reference.run(sub, {t: env[t] for t in sub.inputs}))
+        env.update(interpret.run(sub, {t: env[t] for t in sub.inputs}))
     missing = [t for t in graph.outputs if t not in env]
     if missing:
         raise RuntimeError(f"the plan never writes graph outputs {missing}")

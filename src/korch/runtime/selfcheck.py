@@ -17,7 +17,7 @@ import torch
 
 from korch import config
 from korch.backends.check import FLOAT_TOLERANCE, compare
-from korch.runtime import ort
+from korch.ir import ort
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,7 +52,7 @@ def module_from_source(source: str, name: str = "korch_executable") -> types.Mod
 
 def _constant_outputs(graph: Graph, device: str) -> dict[str, torch.Tensor]:
     """Constants the launch sequence returns as graph outputs (a model whose output is a weight)."""
-    from korch.runtime.reference import as_torch
+    from korch.ir.interpret import as_torch
 
     return {t: as_torch(graph.constants[t]).to(device) for t in graph.outputs if t in graph.constants}
 
@@ -69,7 +69,7 @@ def write_executable(outdir: str | os.PathLike, graph: Graph, plan: Plan, *, tar
 
     ``device`` defaults to the target's; tests pass "cpu" with a GPU target to run korch's Triton kernels
     in Triton's interpreter."""
-    from korch import __version__
+    from korch.version import __version__
 
     device = device or device_for(target)
     if steps is None:

@@ -22,7 +22,7 @@ from korch.backends.triton.generated import GeneratedKernel, Variant
 from korch.backends.triton.loader import load_module
 from korch.ir import dtypes
 from korch.ir.graph import Graph
-from korch.runtime.reference import as_torch
+from korch.ir.interpret import as_torch
 
 
 def interpreting() -> bool:

@@ -1,4 +1,4 @@
-"""The reference executor: runs a primitive graph op by op with torch on the CPU.
+"""The IR's interpreter (the reference executor): runs a primitive graph op by op with torch on the CPU.
 
 It is the ground truth every generated kernel is checked against, so each op is
 written the plainest way its semantics (``korch/ir/ops.py``) allow: windows by
@@ -117,7 +117,8 @@ def _windows(x: torch.Tensor, kernel, strides, dilations) -> torch.Tensor:
     return x[index]
 
 
-def _pad_spatial(x: torch.Tensor, pads: Sequence[int], value: float) -> torch.Tensor:
+def pad_spatial(x: torch.Tensor, pads: Sequence[int], value: float) -> torch.Tensor:
+    """Pad the spatial axes of an (N, C, *spatial) tensor; ``pads`` lists every begin, then every end."""
     k = len(pads) // 2
     torch_pads: list[int] = []
     for i in reversed(range(k)):  # F.pad lists the last axis first
@@ -128,7 +129,7 @@ def _pad_spatial(x: torch.Tensor, pads: Sequence[int], value: float) -> torch.Te
 @_register(Op.MAX_POOL)
 def _max_pool(node, x):
     a = node.attrs
-    windows = _windows(_pad_spatial(x, a["pads"], _lowest(x.dtype)), a["kernel"], a["strides"], a["dilations"])
+    windows = _windows(pad_spatial(x, a["pads"], _lowest(x.dtype)), a["kernel"], a["strides"], a["dilations"])
     k = len(a["kernel"])
     return torch.amax(windows, dim=tuple(range(-k, 0)))
 
@@ -138,12 +139,12 @@ def _avg_pool(node, x):
     a = node.attrs
     k = len(a["kernel"])
     dims = tuple(range(-k, 0))
-    total = torch.sum(_windows(_pad_spatial(x, a["pads"], 0.0), a["kernel"], a["strides"], a["dilations"]), dim=dims)
+    total = torch.sum(_windows(pad_spatial(x, a["pads"], 0.0), a["kernel"], a["strides"], a["dilations"]), dim=dims)
     if a["count_include_pad"]:
         count = float(np.prod(a["kernel"]))
     else:
         ones = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=x.dtype)
-        count = torch.sum(_windows(_pad_spatial(ones, a["pads"], 0.0), a["kernel"], a["strides"], a["dilations"]), dim=dims)
+        count = torch.sum(_windows(pad_spatial(ones, a["pads"], 0.0), a["kernel"], a["strides"], a["dilations"]), dim=dims)
     return (total / count).to(x.dtype)
 
 
@@ -228,7 +229,7 @@ _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 @_register(Op.CONV)
 def _conv(node, x, w):
     a = node.attrs
-    x = _pad_spatial(x, a["pads"], 0.0)
+    x = pad_spatial(x, a["pads"], 0.0)
     return _CONV[x.dim() - 2](x, w, stride=a["strides"], dilation=a["dilations"], groups=a["group"])
 
 
@@ -238,7 +239,7 @@ def _conv_transpose(node, x, w):
     k = x.dim() - 2
     full = _CONV_T[k](x, w, stride=a["strides"], dilation=a["dilations"], groups=a["group"])
     # ONNX: output_padding appends at the end, then pads crop both sides
-    full = _pad_spatial(full, [0] * k + list(a["output_padding"]), 0.0)
+    full = pad_spatial(full, [0] * k + list(a["output_padding"]), 0.0)
     index = (slice(None), slice(None)) + tuple(
         slice(a["pads"][i], full.shape[2 + i] - a["pads"][k + i]) for i in range(k))
     return full[index]
@@ -246,7 +247,7 @@ def _conv_transpose(node, x, w):
 
 @_register(Op.OPAQUE)
 def _opaque(node, *xs):
-    from korch.runtime.ort import run_node
+    from korch.ir.ort import run_node
 
     return run_node(node, [None if x is None else x.numpy() for x in xs])
 

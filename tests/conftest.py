@@ -1,10 +1,26 @@
-"""Shared test set-up: prints the ONNX backend tally at the end of the run."""
+"""Shared test set-up: skips ``gpu`` tests without CUDA; prints the ONNX backend tally at the end of the run."""
 
 import os
 # Generated Triton kernels run in the interpreter on CPUs; set before triton is imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import pytest
+
 from tests.fission.test_onnx_backend_cases import SUMMARY_FILE
+
+GPU_SKIP_REASON = "needs a CUDA device: torch.cuda.is_available() is False"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``@pytest.mark.gpu`` are skipped, with a reason, where torch sees no CUDA device."""
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in gpu:
+            item.add_marker(pytest.mark.skip(reason=GPU_SKIP_REASON))
 
 
 def pytest_sessionstart(session):

@@ -1,10 +1,10 @@
 """The kernel timer's mechanics: warm-up first, rotation over input sets, budgets, the CUDA event path (faked).
 
-Bounds on times are generous: these check the timer is sane, they make no claim about any kernel's speed.
+The timer reads ``time.perf_counter``; these tests hand it a fake clock that moves only when a fake
+kernel "runs", so every count and every time below is exact: no test here depends on the machine's speed.
 """
 
 import contextlib
-import time
 import types
 from typing import ClassVar
 
@@ -14,44 +14,81 @@ import torch
 from korch.backends import timing
 from korch.backends.timing import planned_runs, rotation_count, rotation_sets, time_kernel
 
+MS = 2.0 ** -10  # about a millisecond; a power of two, so sums of these are exact floats
 
-def sleeper(seconds, log=None):
+
+class FakeClock:
+    """Stands in for the ``time`` module the timer reads: the clock moves only by ``advance``."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.reads = 0
+
+    def perf_counter(self):
+        self.reads += 1
+        if self.reads > 100_000:  # a timer loop the fake clock never ends: fail, do not hang
+            raise AssertionError("the timer read the clock 100000 times")
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(timing, "time", fake)
+    return fake
+
+
+def kernel(clock, durations, log=None):
+    """A fake kernel: call number k (warm-up included) takes ``durations(k, i)`` seconds of the fake clock."""
+    calls = []
+
     def call(i):
         if log is not None:
-            log.append((i, time.perf_counter()))
-        time.sleep(seconds)
+            log.append((i, clock.now))
+        clock.advance(durations(len(calls), i))
+        calls.append(i)
+    call.calls = calls
     return call
 
 
-def test_median_of_a_sleep_is_in_range():
-    result = time_kernel(sleeper(0.002), device="cpu", budget_s=0.05)
-    assert 0.002 <= result.min_s <= result.median_s < 0.05
-    assert 5 <= result.runs <= 100
+def test_the_result_is_the_median_and_minimum_of_the_timed_runs_only(clock):
+    times = [64 * MS] * 3 + [9 * MS, 1 * MS, 3 * MS, 2 * MS, 4 * MS]  # slow warm-up; median 3 ms, mean 3.8 ms
+    call = kernel(clock, lambda k, i: times[k])
+    result = time_kernel(call, device="cpu", warmup=3, warmup_s=0, repeats=5)
+    assert result == timing.Timing(median_s=3 * MS, min_s=1 * MS, runs=5)
+    assert len(call.calls) == 8
 
 
-def test_runs_stop_at_the_budget_once_the_minimum_is_in():
-    assert time_kernel(sleeper(0.02), device="cpu", warmup=1, warmup_s=0, budget_s=0.03).runs == 5
-    assert time_kernel(lambda i: None, device="cpu", repeats=7).runs == 7
+def test_runs_stop_at_the_budget_once_the_minimum_is_in(clock):
+    slow = kernel(clock, lambda k, i: 20 * MS)
+    assert time_kernel(slow, device="cpu", warmup=1, warmup_s=0, budget_s=30 * MS).runs == 5  # minimum wins
+    assert len(slow.calls) == 1 + 5
+    fast = kernel(clock, lambda k, i: MS)
+    assert time_kernel(fast, device="cpu", warmup=1, warmup_s=0, budget_s=12 * MS).runs == 12  # budget wins
+    free = kernel(clock, lambda k, i: 0.0)
+    assert time_kernel(free, device="cpu", warmup=0, warmup_s=0, repeats=7).runs == 7  # repeats cap
+    assert time_kernel(free, device="cpu", warmup_s=0).runs == timing.MAX_REPEATS  # zero time never ends the budget
+    assert time_kernel(free, device="cpu", warmup_s=0, repeats=3, min_repeats=10, budget_s=0).runs == 3
 
 
-def test_warm_up_calls_happen_before_timed_calls_and_are_not_timed():
-    calls = []
-
-    def compiles_on_first_calls(i):
-        calls.append(i)
-        time.sleep(0.05 if len(calls) <= 3 else 0.001)
-
-    result = time_kernel(compiles_on_first_calls, device="cpu", warmup=3, warmup_s=0, repeats=6)
-    assert result.runs == 6 and len(calls) == 9
-    assert result.median_s < 0.04 and result.min_s < 0.04
+def test_warm_up_calls_happen_before_timed_calls_and_are_not_timed(clock):
+    call = kernel(clock, lambda k, i: 50 * MS if k < 3 else MS)  # compiles on its first three calls
+    result = time_kernel(call, device="cpu", warmup=3, warmup_s=0, repeats=6)
+    assert result.runs == 6 and len(call.calls) == 9
+    assert result.median_s == result.min_s == MS
 
 
-def test_warm_up_lasts_at_least_its_time():
+def test_warm_up_lasts_at_least_its_time(clock):
     log = []
-    result = time_kernel(sleeper(0.005, log), device="cpu", warmup=1, warmup_s=0.05, repeats=5)
+    call = kernel(clock, lambda k, i: 16 * MS, log)
+    result = time_kernel(call, device="cpu", warmup=1, warmup_s=64 * MS, repeats=5)
     warmups = len(log) - result.runs
-    assert warmups > 1
-    assert log[warmups][1] - log[0][1] >= 0.05  # the first timed call starts after the warm-up time
+    assert (warmups, result.runs) == (4, 5)  # 4 calls of 16 ms make the 64 ms, though 1 call was asked for
+    assert log[warmups][1] - log[0][1] == 64 * MS  # the first timed call starts once the warm-up time is spent
+    assert result.median_s == 16 * MS
 
 
 def test_rotation_cycles_through_the_sets_across_warm_up_and_runs():
@@ -92,21 +129,33 @@ def test_rotation_sets_makes_distinct_sets():
     assert len(sets) == 4 and [int(s[0]) for s in sets] == [0, 1, 2, 3]
 
 
-def test_cache_sizes():
-    assert timing.cache_size("cpu") > 0
+def test_cpu_cache_size_is_what_sysfs_says(monkeypatch):
+    from korch.cost import probe
+
+    monkeypatch.setattr(probe, "cache_bytes", lambda: 40 << 20)
+    assert timing.cache_size("cpu") == 40 << 20
+
+
+def test_cpu_cache_size_falls_back_to_the_timer_default(monkeypatch):
+    from korch.cost import probe
+
+    # the probe's fallback is huge (a floor for cost bounds); too many rotation sets for timing
+    monkeypatch.setattr(probe, "cache_bytes", lambda: probe.FALLBACK_CACHE_BYTES)
+    assert timing.cache_size("cpu") == timing.DEFAULT_CPU_CACHE_BYTES != probe.FALLBACK_CACHE_BYTES
 
 
 class FakeEvent:
-    """A CUDA event on the host clock: records when it is recorded, and the clock gap to another in ms."""
+    """A CUDA event on the fake clock: records when it is recorded, and the clock gap to another in ms."""
 
     log: ClassVar[list] = []
+    clock: ClassVar[FakeClock | None] = None
 
     def __init__(self, enable_timing=False):
         assert enable_timing
         self.at = None
 
     def record(self, stream=None):
-        self.at = time.perf_counter()
+        self.at = FakeEvent.clock.now
         FakeEvent.log.append(("record", self))
 
     def elapsed_time(self, end):
@@ -114,8 +163,9 @@ class FakeEvent:
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch):
-    FakeEvent.log = []
+def fake_cuda(monkeypatch, clock):
+    monkeypatch.setattr(FakeEvent, "log", [])
+    monkeypatch.setattr(FakeEvent, "clock", clock)
     log = FakeEvent.log
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(("sync", device)))
@@ -126,24 +176,25 @@ def fake_cuda(monkeypatch):
     return log
 
 
-def test_cuda_path_times_with_event_pairs(fake_cuda):
-    calls = []
-
-    def call(i):
-        calls.append(i)
-        fake_cuda.append(("call", i))
-        time.sleep(0.002)
-
-    result = time_kernel(call, device="cuda", rotate=4, warmup=3, warmup_s=0.01, budget_s=0.04)
-    assert 0.002 <= result.min_s <= result.median_s < 0.05
-    assert 5 <= result.runs <= 20  # about budget / warm-up estimate
+def test_cuda_path_times_with_event_pairs(fake_cuda, clock):
+    call = kernel(clock, lambda k, i: (i + 1) * MS)  # input set i takes i + 1 ms
+    traced = lambda i: (fake_cuda.append(("call", i)), call(i))  # noqa: E731
+    result = time_kernel(traced, device="cuda", rotate=4, warmup=3, warmup_s=10 * MS, budget_s=20 * MS)
+    # warm-up: sets 0, 1, 2 take 6 ms < 10 ms, so set 3 runs too: 4 calls, 2.5 ms each, so 8 runs fit 20 ms
+    assert result.runs == 8 and call.calls == [i % 4 for i in range(4 + 8)]
+    assert result.median_s == pytest.approx(2.5 * MS) and result.min_s == pytest.approx(1 * MS)
     kinds = [entry[0] for entry in fake_cuda]
     first_record = kinds.index("record")
-    assert kinds[:first_record].count("call") == len(calls) - result.runs  # warm-up first ...
-    assert kinds[first_record - 2:first_record] == ["sync", "spin"]      # ... synchronized, then a spin
+    assert kinds[:first_record] == ["sync", *["call"] * 4, "sync", "spin"]  # warm-up first, synchronized, a spin
+    spin = fake_cuda[first_record - 1][1]
+    assert spin == int(8 * timing.HOST_LEAD_PER_RUN_S * timing.GPU_CYCLES_PER_S)  # queue lead for 8 runs
     timed = kinds[first_record:]
-    assert timed[:-1] == ["record", "call", "record"] * result.runs and timed[-1] == "sync"
-    assert calls == [i % 4 for i in range(len(calls))]
+    assert timed == ["record", "call", "record"] * 8 + ["sync"]  # one synchronize, after every pair
+
+
+def test_cuda_gpu_cache_size_falls_back_when_torch_reports_none(fake_cuda, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace())
+    assert timing.cache_size("cuda") == timing.DEFAULT_GPU_CACHE_BYTES
 
 
 def test_cuda_cache_size_is_the_l2(fake_cuda):

@@ -2,10 +2,13 @@
 
 import math
 
+import highspy
 import numpy as np
 import pytest
 
-from korch.orchestrate.solver import InfeasibleError, Problem, Solver, solve
+from korch.orchestrate.problem import Problem
+from korch.orchestrate.solver import InfeasibleError, Solver, solve
+from korch.orchestrate import solver as solver_module
 from tests.orchestrate.random_problems import (
     executes,
     has_cycle,
@@ -137,26 +140,102 @@ def test_larger_random_problems_match_a_search_over_available_tensors():
     assert cyclic > 0 and lazily_cut > 0
 
 
-def test_a_time_limit_returns_an_executable_plan_and_an_honest_gap():
-    p = random_problem(np.random.default_rng(2), 300, 5, max_preds=2, window=6)
+class SolverClock:
+    """Stands in for the solver's ``time`` module and watches HiGHS: the clock reads 0 s until it strikes, then
+    1e9 s, so a time limit (1000 s in these tests) runs out at a point of the solve the test picks (after
+    ``reads`` reads of the clock, or after ``runs`` runs of HiGHS), never at one the machine's speed picks."""
+
+    def __init__(self, reads=math.inf, runs=math.inf):
+        self.reads, self.runs = reads, runs
+        self.count = 0
+        self.struck = False
+        self.limits = []  # per HiGHS run: (the time limit HiGHS was given, whether the clock had struck)
+
+    def perf_counter(self):
+        self.count += 1
+        self.struck = self.struck or self.count > self.reads
+        return 1e9 if self.struck else 0.0
+
+    def ran(self, time_limit):
+        self.limits.append((time_limit, self.struck))
+        self.struck = self.struck or len(self.limits) >= self.runs
+
+
+@pytest.fixture
+def use_clock(monkeypatch):
+    """``use_clock(clock)``: the solver reads ``clock``, and every HiGHS run is reported to it."""
+    current = []
+    real_run = highspy.Highs.run
+
+    def run(h):
+        limit = h.getOptionValue("time_limit")
+        outcome = real_run(h)
+        if current:  # solves before the first use_clock run on the real clock
+            current[-1].ran(limit[1] if isinstance(limit, tuple) else limit)
+        return outcome
+
+    monkeypatch.setattr(highspy.Highs, "run", run)
+
+    def use(clock):
+        current.append(clock)
+        monkeypatch.setattr(solver_module, "time", clock)
+        return clock
+    return use
+
+
+def check_limited(p: Problem, solution, optimum: float) -> None:
+    """An executable plan, its true cost, and an honest gap: the bound it implies is below the optimum."""
+    assert executes(p, solution.order)
+    assert solution.objective == pytest.approx(math.fsum(p.costs[c] for c in solution.order), rel=1e-12)
+    assert solution.objective >= optimum * (1 - 1e-9)
+    assert 0.0 <= solution.gap <= 1.0
+    assert solution.objective * (1 - solution.gap) <= optimum * (1 + 1e-7)  # the bound is a bound
+    assert solution.gap == 0.0 if solution.optimal else solution.gap > 0.0
+
+
+def test_a_zero_time_limit_returns_the_greedy_plan_without_solving(monkeypatch):
+    p = random_problem(np.random.default_rng(0), 100, 5, max_preds=2, window=6)
     optimum = solve(p).objective
-    for limit in (0.0, 0.05, 0.5):
-        solution = solve(p, time_limit=limit)
-        assert executes(p, solution.order)
-        assert solution.objective == pytest.approx(math.fsum(p.costs[c] for c in solution.order), rel=1e-12)
-        assert solution.objective >= optimum * (1 - 1e-9)
-        assert 0.0 <= solution.gap <= 1.0
-        assert solution.objective * (1 - solution.gap) <= optimum * (1 + 1e-7)  # the bound is a bound
-        assert solution.gap == 0.0 if solution.optimal else solution.gap > 0.0
-        assert solution.seconds < limit + 10
+
+    def no_time_left(*args, **kwargs):
+        raise AssertionError("no LP may be solved with no time left")
+
+    monkeypatch.setattr(Solver, "_dive", no_time_left)
+    monkeypatch.setattr(Solver, "_mip", no_time_left)
+    solution = solve(p, time_limit=0.0)
+    check_limited(p, solution, optimum)
+    assert not solution.optimal and solution.gap == 1.0  # no lower bound known yet
+    assert solution.objective > optimum * (1 + 1e-6)  # the greedy plan is not this problem's optimum
 
 
-def test_a_big_problem_under_a_short_time_limit():
+def test_a_time_limit_returns_an_executable_plan_and_an_honest_gap(use_clock):
+    p = random_problem(np.random.default_rng(0), 100, 5, max_preds=2, window=6)
+    optimum = solve(p).objective
+    greedy = solve(p, time_limit=0.0).objective
+    unlimited = use_clock(SolverClock())
+    assert Solver(p).solve(time_limit=1000).objective == pytest.approx(optimum, rel=1e-9)
+    outcomes = set()
+    for reads in range(1, unlimited.count + 1):  # the limit strikes after the start is read, after 1, 2, ... reads
+        clock = use_clock(SolverClock(reads=reads))
+        solution = Solver(p).solve(time_limit=1000)
+        check_limited(p, solution, optimum)
+        # HiGHS is never given more time than is left: all of it before the limit strikes, none after
+        assert all(limit == 0.0 if struck else 0.0 < limit <= 1000 for limit, struck in clock.limits)
+        if solution.gap == 1.0:
+            assert solution.objective == greedy
+        outcomes.add("optimal" if solution.optimal else "bounded" if solution.gap < 1.0 else "greedy")
+    assert solution.optimal and solution.objective == pytest.approx(optimum, rel=1e-9)  # all reads: no limit hit
+    assert outcomes == {"optimal", "bounded", "greedy"}  # the limit struck before, during and after the search
+
+
+def test_a_big_problem_whose_time_runs_out_after_the_first_lp(use_clock):
     p = random_problem(np.random.default_rng(0), 2000, 5, max_preds=2, window=6)
     assert len(p.costs) > 15_000
-    solution = solve(p, time_limit=2.0)
+    clock = use_clock(SolverClock(runs=1))
+    solution = solve(p, time_limit=1000)
     assert executes(p, solution.order)
-    assert 0.0 <= solution.gap <= 1.0 and solution.seconds < 12
-    assert solution.gap == 0.0 if solution.optimal else solution.gap > 0.0
-    print(f"{len(p.costs)} candidates: optimal={solution.optimal} gap={solution.gap:.2e} "
-          f"in {solution.seconds:.1f} s")
+    assert solution.objective == pytest.approx(math.fsum(p.costs[c] for c in solution.order), rel=1e-12)
+    assert not solution.optimal and 0.0 < solution.gap < 1.0  # the LP relaxation's bound, an unproven plan
+    (first, _), *after = clock.limits
+    assert first == 1000 and all(limit == 0.0 and struck for limit, struck in after)
+    print(f"{len(p.costs)} candidates: gap={solution.gap:.2e} after one LP")

@@ -31,7 +31,7 @@ def survey(model: str, sample: int | None, jobs: int, seed: int = 0) -> dict:
     from korch.backends.triton.backend import TritonBackend
     from korch.ir.subgraph import extract
     from korch.orchestrate.candidates import enumerate_candidates
-    from korch.summary import load_model
+    from korch.pipeline import load_model
 
     _, graph, _ = load_model(f"zoo:{model}")
     candidates = enumerate_candidates(graph, predicate=BackendPredicate(backends_for("h100"))).candidates

@@ -38,7 +38,7 @@ def main() -> None:
         start = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            result = optimize(f"zoo:{name}", target=args.target)
+            result = optimize(f"zoo:{name}", target=args.target, cost="roofline")
         total = time.perf_counter() - start
         plan = result.plan
         nodes, cands, hours = PAPER.get(name, ("-", "-", "-"))

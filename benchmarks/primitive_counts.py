@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 
 from korch import zoo
-from korch.summary import load_model
+from korch.pipeline import load_model
 
 
 def main() -> None:

@@ -29,17 +29,17 @@ PAPER_TUNING_HOURS = {"candy": 5.5, "efficientvit": 11.5, "yolov4": 12.2, "yolox
 
 def run_model(name: str, target: str, cost: str, db: str | None, peers: list[str], budget: float, jobs) -> dict:
     from korch import bench
-    from korch.api import compile_model
+    from korch.pipeline import optimize
 
     with tempfile.TemporaryDirectory(prefix=f"korch-{name}-") as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         start = time.perf_counter()
-        compiled = compile_model(f"zoo:{name}", output=out, target=target, cost=cost, db=db, jobs=jobs)
+        compiled = optimize(f"zoo:{name}", output=out, target=target, cost=cost, db=db, jobs=jobs)
         optimize_s = time.perf_counter() - start
-        result = bench.bench(compiled.executable, model=f"zoo:{name}", graph=compiled.result.graph,
+        result = bench.bench(compiled.executable, model=f"zoo:{name}", graph=compiled.graph,
                              reference_model=compiled.reference, peers=peers, target=target,
                              budget_s=budget)
-    plan = compiled.result.plan
+    plan = compiled.plan
     return {**result.to_json(), "optimize_s": optimize_s, "kernels": len(plan.kernels), "cost": cost,
             "predicted_s": plan.predicted_latency_s, "check": compiled.executable.check.to_json(),
             "measurement": {k: v for k, v in plan.stats.get("measurement", {}).items() if k != "failures"}}

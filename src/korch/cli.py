@@ -26,7 +26,7 @@ def _input_shapes(specs: Sequence[str] | None) -> dict[str, tuple[int, ...]]:
 def _load(args):
     import onnx
 
-    from korch.summary import load_model, resolve_model
+    from korch.pipeline import load_model, resolve_model
 
     imported, graph, report = load_model(args.model, _input_shapes(args.input_shape))
     # the operator histogram is of the model as given, before folding (zoo exports are cached: no re-export)
@@ -35,7 +35,7 @@ def _load(args):
 
 
 def cmd_inspect(args) -> int:
-    from korch.summary import summarize
+    from korch.report.model_summary import summarize
 
     summary = summarize(*_load(args))
     if args.json:
@@ -92,7 +92,7 @@ def _progress(quiet: bool):
 
 
 def _callbacks(progress, task):
-    from korch.api import Progress
+    from korch.pipeline import Progress
 
     measured = [0]
 
@@ -108,36 +108,36 @@ def _callbacks(progress, task):
 
 
 def cmd_optimize(args) -> int:
-    from korch.api import compile_model
+    from korch.pipeline import optimize
 
     with _progress(args.quiet) as progress:
         task = progress.add_task("starting", total=None)
-        compiled = compile_model(
+        result = optimize(
             args.model, output=args.output, target=args.target, cost=args.cost, db=args.db, jobs=args.jobs,
             input_shapes=_input_shapes(args.input_shape), time_limit=args.time_limit, cut_points=args.cut_points,
             max_kernel_nodes=args.max_kernel_nodes, plan_only=args.plan_only, progress=_callbacks(progress, task))
-    result, out = compiled.result, args.output
+    out = args.output
     plan = result.plan
     optimal = all(s.optimal for s in plan.segments)
     print(f"{plan.model}: {len(result.graph.nodes)} primitives, {result.candidates} candidate kernels, "
           f"{len(plan.segments)} segments -> {len(plan.kernels)} kernels, predicted "
           f"{plan.predicted_latency_s * 1e3:.3f} ms on {plan.target} ({plan.cost_model}"
           f"{', optimal' if optimal else ', NOT proven optimal'}); "
-          f"plan in {sum(result.stage_seconds.values()):.1f} s")
+          f"plan in {sum(plan.stats['stage_seconds'].values()):.1f} s")
     measurement = plan.stats.get("measurement")
     if measurement:
         print(f"measured {measurement['kernels_measured']} kernels ({measurement['signatures_asked']} distinct "
               f"candidates asked, {measurement['from_database']} answered by the database "
               f"{measurement['device']}); {len(measurement['failures'])} kernels failed and were dropped")
-    if compiled.written is None:
+    if result.executable is None:
         why = "as asked (--plan-only)" if args.plan_only else f"no {plan.target} device here"
         print(f"wrote {out / 'plan.json'}, {out / 'report.md'} and {out / 'report.html'}; "
               f"no executable: {why}")
         return 0
-    memory = compiled.written.manifest["memory"]
+    memory = result.manifest["memory"]
     print(f"executable: {len(plan.kernels)} kernels, planned memory {memory['peak_bytes'] / 2**20:.2f} MiB "
           f"(one buffer per tensor: {memory['naive_bytes'] / 2**20:.2f} MiB); "
-          f"{compiled.executable.check.summary()}")
+          f"{result.executable.check.summary()}")
     print(f"wrote {out} (model.py, weights, manifest.json, report.md, report.html); run it with: korch run {out}")
     return 0
 
@@ -211,7 +211,7 @@ def cmd_run(args) -> int:
 
 def cmd_bench(args) -> int:
     from korch import bench
-    from korch.api import compile_model
+    from korch.pipeline import optimize
 
     peers = bench.parse_peers(args.against)
     with _progress(args.quiet) as progress:
@@ -222,22 +222,22 @@ def cmd_bench(args) -> int:
 
             name = Path(args.model).stem.removeprefix("zoo:")
             outdir = Path(config.cache_dir) / "bench" / f"{name}-{args.target or 'auto'}-{args.cost}"
-        compiled = compile_model(args.model, output=outdir, target=args.target, cost=args.cost, db=args.db,
-                                 jobs=args.jobs, input_shapes=_input_shapes(args.input_shape),
-                                 progress=_callbacks(progress, task))
-        if compiled.executable is None:
-            raise KorchError(f"korch bench runs on the target's device; no {compiled.result.plan.target} here")
-        executable, graph = compiled.executable, compiled.result.graph
-        result = bench.bench(executable, model=args.model, graph=graph, reference_model=compiled.reference,
+        optimized = optimize(args.model, output=outdir, target=args.target, cost=args.cost, db=args.db,
+                             jobs=args.jobs, input_shapes=_input_shapes(args.input_shape),
+                             progress=_callbacks(progress, task))
+        if optimized.executable is None:
+            raise KorchError(f"korch bench runs on the target's device; no {optimized.plan.target} here")
+        executable, graph = optimized.executable, optimized.graph
+        result = bench.bench(executable, model=args.model, graph=graph, reference_model=optimized.reference,
                              peers=peers, target=executable.manifest["target"], budget_s=args.budget,
                              on_system=lambda n: progress.update(task, description=f"time {n}"))
     _print_bench(result)
     if args.json:
         bench.write_json(result, args.json)
         print(f"wrote {args.json}")
-    from korch.orchestrate.report_html import write_html_report
+    from korch.report.html_page import write_html_report
 
-    write_html_report(outdir, graph, compiled.result.plan, benchmark=result.ratios(), executable=executable.manifest)
+    write_html_report(outdir, graph, optimized.plan, benchmark=result.ratios(), executable=executable.manifest)
     print(f"benchmark ratios added to {Path(outdir) / 'report.html'}")
     return 0
 

@@ -1,31 +1,62 @@
-"""The korch pipeline in one function: model -> primitives -> candidates -> costs -> optimal plan.
+"""``korch optimize`` in one function: a model in, its optimal plan and checked executable out.
 
-``optimize`` reads as the list of its stages; each stage is timed under its name
-for the report. Stages talk through plain data: the primitive ``Graph``, the
-``CandidateSet``, per-segment ``Problem``s and the ``Plan``.
+``optimize`` reads as the list of its stages, each timed under its name for
+the report: import and fission, candidate kernels, partition, lower bounds,
+measure and solve, build, check, write. Stages talk through plain data: the
+primitive ``Graph``, the ``CandidateSet``, per-segment ``Problem``s, the
+``Plan``, the built kernels and the assembled executable. The CLI and the
+Python API (``korch.optimize``) both call it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import onnx
 
 from korch.errors import KorchError
 from korch.ir import Graph
-from korch.orchestrate.plan import Plan, PlannedKernel, SegmentReport
+from korch.orchestrate.plan import Plan
+from korch.orchestrate.segments import measurement_stats, solve_segments
 
 COST_MODELS = ("roofline", "measured")
+ZOO_PREFIX = "zoo:"
 
 
 @dataclasses.dataclass
-class OptimizeResult:
+class Progress:
+    """Callbacks for long work (all optional): stage names, segments solved, kernels measured and built."""
+
+    on_stage: Callable[[str], None] | None = None
+    on_segment: Callable[[int, int], None] | None = None
+    on_kernel: Callable[[str], None] | None = None
+    on_build: Callable[[int, int, object], None] | None = None
+
+
+@dataclasses.dataclass
+class Optimized:
+    """What ``optimize`` made: the primitive graph and its plan, and, when an output directory was given and
+    the target's device is here, the checked executable and its manifest."""
+
     graph: Graph
     plan: Plan
     stage_seconds: dict[str, float]
     candidates: int
     rejected: dict[str, int]
+    reference: bytes                  # the model's ONNX bytes as given: what ONNX Runtime checks against
+    executable: object | None = None  # runtime.executable.Executable
+    manifest: dict | None = None
+
+
+class CheckFailed(KorchError):
+    """The executable does not match ONNX Runtime: the command fails, the report says by how much."""
+
+    exit_code = 1
 
 
 class _Stages:
@@ -41,36 +72,47 @@ class _Stages:
             self.on_stage(name)
         start = time.perf_counter()
         yield
-        self.seconds[name] = time.perf_counter() - start
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def optimize(model, *, target: str = "cpu", cost: str = "roofline", time_limit: float | None = None,
-             cut_points: str | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
-             max_kernel_nodes: int | None = None, on_stage: Callable[[str], None] | None = None,
-             on_segment: Callable[[int, int], None] | None = None, db: str | None = None,
-             jobs: int | None = None, on_kernel: Callable[[str], None] | None = None) -> OptimizeResult:
-    """The optimal plan of ``model`` for ``target``.
+def optimize(model, *, output: str | os.PathLike | None = None, target: str | None = None,
+             cost: str = "measured", db: str | os.PathLike | None = None, jobs: int | None = None,
+             input_shapes: Mapping[str, Sequence[int]] | None = None, time_limit: float | None = None,
+             cut_points: str | None = None, max_kernel_nodes: int | None = None, plan_only: bool = False,
+             progress: Progress | None = None) -> Optimized:
+    """The optimal plan of ``model`` (a path, ``zoo:NAME`` or a ModelProto) for ``target``, and with
+    ``output`` its executable, built, checked against ONNX Runtime and written there.
 
-    ``cost="roofline"`` prices every candidate at its lower bound; ``"measured"``
-    builds, checks and times the candidates an optimal plan could use (lazily),
-    remembering them in the profile database ``db`` (default: the cache directory).
+    ``target``: default the GPU present, else the CPU. ``cost="roofline"`` prices every
+    candidate at its lower bound; ``"measured"`` builds, checks and times the candidates an
+    optimal plan could use (lazily), remembering them in the profile database ``db``.
+    Without ``output`` nothing is built or written. Without the target's device (planning
+    for a GPU on a CPU-only machine), or with ``plan_only``, only the plan and the reports
+    are written. A mismatch with ONNX Runtime raises ``CheckFailed`` after the reports are
+    written (the directory then has no manifest: nothing loads it).
     """
     from korch import config
-    from korch.backends.registry import BackendPredicate, backends_for
+    from korch.backends.registry import BackendPredicate, backends_for, device_for
     from korch.cost import candidate_bounds, get_device
     from korch.orchestrate.candidates import enumerate_candidates
     from korch.orchestrate.partition import load_cut_points, partition, partition_at
-    from korch.summary import load_model
 
+    progress = progress or Progress()
+    target = target or detect_target()
+    device = get_device(target)  # an unknown target fails here, before any work
     if cost not in COST_MODELS:
         raise KorchError(f"unknown cost model {cost!r}; known: {', '.join(COST_MODELS)}")
     if time_limit is not None and time_limit <= 0:
         raise KorchError(f"time limit must be positive, got {time_limit}")
-    device = get_device(target)
+    present = device_present(target)
+    if cost == "measured" and not present:
+        raise KorchError(f"--target {target} needs its GPU to measure kernels, and none is present: "
+                         "use --cost roofline to plan from lower bounds")
     cuts = load_cut_points(cut_points) if cut_points else None
-    stage = _Stages(on_stage)
+    stage = _Stages(progress.on_stage)
 
     with stage("import and fission"):
+        reference = model_bytes(model)
         _, graph, _ = load_model(model, input_shapes)
     with stage("candidate kernels"):
         candidates = enumerate_candidates(graph, max_nodes=max_kernel_nodes or config.max_kernel_nodes,
@@ -85,83 +127,127 @@ def optimize(model, *, target: str = "cpu", cost: str = "roofline", time_limit: 
         from korch.backends.db import ProfileDB
         from korch.backends.measure import KernelMeasurer
 
-        measurer = KernelMeasurer(graph, candidates.candidates, bounds, target=target, db=ProfileDB(db),
-                                  jobs=jobs, on_kernel=on_kernel)
+        measurer = KernelMeasurer(graph, candidates.candidates, bounds, target=target,
+                                  db=ProfileDB(str(db) if db else None), jobs=jobs, on_kernel=progress.on_kernel)
     try:
         with stage("measure and solve" if measurer else "solve"):
-            kernels, reports = _solve_segments(graph, candidates, segments, bounds, time_limit, on_segment, measurer)
+            kernels, reports = solve_segments(graph, candidates, segments, bounds, time_limit, progress.on_segment,
+                                              measurer)
     finally:
         if measurer is not None:
             measurer.close()
     stats = {"primitive_nodes": len(graph.nodes), "candidates": len(candidates.candidates),
-             "stage_seconds": stage.seconds}
+             "stage_seconds": dict(stage.seconds)}  # the planning stages
     if measurer is not None:
-        stats["measurement"] = _measurement_stats(measurer)
+        stats["measurement"] = measurement_stats(measurer)
     plan = Plan(model=graph.name, target=device.name, cost_model=cost, kernels=tuple(kernels),
                 segments=tuple(reports), stats=stats)
-    return OptimizeResult(graph=graph, plan=plan, stage_seconds=stage.seconds,
-                          candidates=len(candidates.candidates), rejected=dict(candidates.rejected))
+    result = Optimized(graph=graph, plan=plan, stage_seconds=stage.seconds, candidates=len(candidates.candidates),
+                       rejected=dict(candidates.rejected), reference=reference)
+    if output is None:
+        return result
+    if plan_only or not present:
+        from korch.runtime.write import write_plan
+
+        with stage("write"):
+            write_plan(output, plan, _reports(result, None))
+        return result
+    return _build_check_write(result, target, device_for(target), Path(output), stage, progress)
 
 
-def _measurement_stats(measurer) -> dict:
-    st = measurer.stats
-    return {"device": measurer.device_key, "backends": measurer.versions, "candidates": len(measurer.candidates),
-            "signatures_asked": st.asked,
-            "from_database": st.from_db, "kernels_measured": st.measured, "below_bound": st.below_bound,
-            "failures": [dataclasses.asdict(f) for f in st.failures]}
+def _build_check_write(result: Optimized, target: str, device: str, output: Path, stage: _Stages,
+                       progress: Progress) -> Optimized:
+    from korch.runtime.assemble import assemble
+    from korch.runtime.build import build_plan, recheck
+    from korch.runtime.selfcheck import check_against_onnxruntime
+    from korch.runtime.write import write_executable
+
+    graph, plan = result.graph, result.plan
+    reference_model = onnx.load_from_string(result.reference)
+    with stage("build"):
+        steps = build_plan(graph, plan, target, device, progress.on_build, check_kernels=False)
+        assembled = assemble(graph, plan, steps, target=target, device=device, reference_model=result.reference)
+    with stage("check"):
+        check = check_against_onnxruntime(assembled.executable, reference_model)
+        if not check.ok:  # find the kernels that are wrong, rebuild them with the next backend, check again
+            if progress.on_stage:
+                progress.on_stage("check each kernel against the reference executor")
+            steps, rebuilt = recheck(assembled.steps, target, device)
+            if rebuilt:
+                assembled = assemble(graph, plan, steps, target=target, device=device,
+                                     reference_model=result.reference)
+                check = check_against_onnxruntime(assembled.executable, reference_model)
+    assembled.manifest["check"] = check.to_json()
+    assembled.executable.check = check
+    with stage("write"):
+        write_executable(output, assembled, _reports(result, assembled.manifest), checked=check.ok)
+    if not check.ok:
+        raise CheckFailed(f"the executable in {output} {check.summary()}; see {output / 'report.md'}")
+    result.executable, result.manifest = assembled.executable, assembled.manifest
+    return result
 
 
-class _SegmentOracle:
-    """A segment's local candidate numbers -> the measurer's global ones."""
+def _reports(result: Optimized, manifest: dict | None) -> dict[str, bytes]:
+    from korch.report.html_page import render_html
+    from korch.report.markdown import render_markdown
 
-    def __init__(self, measurer, ids: Sequence[int]):
-        self.measurer, self.ids = measurer, ids
-
-    def measure(self, local_ids):
-        got = self.measurer.measure([self.ids[c] for c in local_ids])
-        return {c: got[self.ids[c]] for c in local_ids}
+    return {"report.md": render_markdown(result.plan, result.rejected, manifest).encode(),
+            "report.html": render_html(result.graph, result.plan, executable=manifest).encode()}
 
 
-def _solve_segment(problem, ids, bounds, measurer, time_limit):
-    """The segment's solution, with measured latencies when a measurer is given: (solution, latency by local id)."""
-    from korch.orchestrate.lazy import solve_lazily
-    from korch.orchestrate.solver import solve
-
-    if measurer is None:
-        return solve(problem, time_limit=time_limit), {}
-    local_bounds = [bounds[i] for i in ids]
-    known = measurer.known(ids)
-    measured = {c: known[i] for c, i in enumerate(ids) if i in known}
-    result = solve_lazily(problem, local_bounds, _SegmentOracle(measurer, ids), measured=measured,
-                          time_limit=time_limit)
-    return result.solution, {**measured, **result.measured}
+# -- the stages' inputs ------------------------------------------------------------------------------
 
 
-def _solve_segments(graph, candidates, segments, bounds, time_limit, on_segment, measurer=None):
-    from korch.orchestrate.problem import segment_problem
-    from korch.orchestrate.signature import describe
+def resolve_model(model: str | os.PathLike | onnx.ModelProto) -> str | Path | onnx.ModelProto:
+    """``zoo:NAME`` -> the path of the exported zoo model; anything else unchanged."""
+    if isinstance(model, str) and model.startswith(ZOO_PREFIX):
+        from korch import zoo
 
-    deadline = None if time_limit is None else time.perf_counter() + time_limit
-    kernels: list[PlannedKernel] = []
-    reports: list[SegmentReport] = []
-    for number, segment in enumerate(segments):
-        if on_segment:
-            on_segment(number, len(segments))
-        problem, ids = segment_problem(graph, candidates, segment, bounds)
-        remaining = None if deadline is None else max(deadline - time.perf_counter(), 0.5)
-        solution, latencies = _solve_segment(problem, ids, bounds, measurer, remaining)
-        for local in solution.order:
-            cand = candidates.candidates[ids[local]]
-            nodes = sorted(cand.nodes)
-            record = measurer.record_for(cand.id) if measurer else None
-            kernels.append(PlannedKernel(
-                name=f"k{len(kernels)}", nodes=tuple(graph.nodes[i].name for i in nodes),
-                ops=describe(graph, cand.nodes), inputs=cand.inputs, outputs=cand.outputs,
-                signature=cand.signature, cost_s=latencies.get(local, bounds[cand.id]), bound_s=bounds[cand.id],
-                measured=local in latencies, backend=record.backend if record else "",
-                launches=record.launches if record else 1, variant=record.variant if record else None))
-        reports.append(SegmentReport(
-            nodes=len(segment.nodes), candidates=len(ids), exact=segment.exact, dropped=segment.dropped,
-            kernels=len(solution.order), objective_s=solution.objective, seconds=solution.seconds,
-            optimal=solution.optimal, gap=solution.gap, cycle_cuts=solution.cycle_cuts))
-    return kernels, reports
+        return zoo.export(model[len(ZOO_PREFIX):])
+    return model
+
+
+def load_model(model: str | os.PathLike | onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None):
+    """Import and fission: ``model`` -> (``ImportedModel``, primitive ``Graph``, ``FissionReport``); the one way
+    the CLI, the API and the tests turn a model reference into primitives. Opaque operators warn."""
+    from korch.fission import fission_with_report
+    from korch.frontend import load_onnx
+
+    imported = load_onnx(resolve_model(model), input_shapes)
+    name = Path(model).stem if isinstance(model, (str, os.PathLike)) else None
+    graph, report = fission_with_report(imported, name=name.removeprefix(ZOO_PREFIX) if name else None)
+    report.warn()
+    return imported, graph, report
+
+
+def model_bytes(model) -> bytes:
+    """The ONNX bytes of a model reference (path, ``zoo:NAME`` or ModelProto), as given."""
+    resolved = resolve_model(model)
+    if isinstance(resolved, onnx.ModelProto):
+        return resolved.SerializeToString()
+    try:
+        return onnx.load(str(resolved)).SerializeToString()
+    except FileNotFoundError:
+        raise KorchError(f"no such model file: {resolved}") from None
+    except Exception as exc:
+        raise KorchError(f"cannot read {resolved} as an ONNX model: {type(exc).__name__}") from None
+
+
+def detect_target() -> str:
+    """The GPU present (its kind, when korch knows it), else the CPU."""
+    import torch
+
+    from korch.cost.devices import GPUS
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name().lower()
+    return next((kind for kind in GPUS if kind in name), "h100")
+
+
+def device_present(target: str) -> bool:
+    import torch
+
+    from korch.backends.registry import device_for
+
+    return device_for(target) == "cpu" or torch.cuda.is_available()

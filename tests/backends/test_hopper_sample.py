@@ -16,7 +16,7 @@ from korch.backends.triton.ahead import compile_many
 from korch.backends.triton.backend import kernel_classes
 from korch.ir.subgraph import extract
 from korch.orchestrate.candidates import enumerate_candidates
-from korch.summary import load_model
+from korch.pipeline import load_model
 
 PER_CLASS = 3
 

@@ -10,7 +10,7 @@ from korch.backends.torch_ops import kernel_function
 from korch.ir.subgraph import extract
 from korch.orchestrate.candidates import enumerate_candidates
 from korch.ir import interpret
-from korch.summary import load_model
+from korch.pipeline import load_model
 from tests.backends import cases
 from tests.backends.kernels import check_built
 

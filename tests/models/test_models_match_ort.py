@@ -18,7 +18,7 @@ from korch import zoo
 from korch.ir.to_onnx import to_onnx
 from korch.ir import interpret
 from korch.ir.ort import random_inputs, run_model
-from korch.summary import load_model
+from korch.pipeline import load_model
 
 LIGHT_DIR = os.path.join(os.path.dirname(onnx.backend.test.__file__), "data", "light")
 LIGHT_MODELS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(LIGHT_DIR, "*.onnx")))

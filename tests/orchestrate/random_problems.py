@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from korch.orchestrate.solver import Problem
+from korch.orchestrate.problem import Problem
 
 
 def random_dag(rng: np.random.Generator, n: int, max_preds: int = 2, window: int | None = None):

@@ -143,7 +143,7 @@ def test_cut_point_files(tmp_path):
 
 
 def test_zoo_candy_segments():
-    from korch.summary import load_model
+    from korch.pipeline import load_model
 
     _, graph, _ = load_model("zoo:candy")
     cands = enumerate_candidates(graph, max_nodes=8)

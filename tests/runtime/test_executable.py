@@ -9,14 +9,14 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from korch.api import CheckFailed, compile_model
+from korch.pipeline import CheckFailed, optimize
 from korch.errors import KorchError
 from korch.orchestrate.plan import Plan
 from korch.runtime import bundle
 from korch.runtime.codegen import plan_layout
 from korch.runtime.memory import KernelStep, check_plan
 from korch.ir.ort import random_inputs, run_model
-from korch.runtime.write import load
+from korch.runtime.load import load
 
 
 def _two_output_model() -> onnx.ModelProto:
@@ -40,7 +40,7 @@ def _two_output_model() -> onnx.ModelProto:
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("exe") / "out"
     model = _two_output_model()
-    compiled = compile_model(model, output=out, target="cpu", cost="roofline")
+    compiled = optimize(model, output=out, target="cpu", cost="roofline")
     return out, model, compiled
 
 
@@ -55,7 +55,7 @@ def test_written_executable_matches_onnxruntime_and_records_the_check(built):
     assert manifest["target"] == "cpu" and manifest["device"] == "cpu"
     assert set(bundle.LOADED_FILES) <= set(manifest["files"]) and "reference.onnx" in manifest["files"]
     assert {"torch", "onnx", "onnxruntime", "korch"} <= set(manifest["versions"])
-    assert len(manifest["kernels"]) == len(compiled.result.plan.kernels)
+    assert len(manifest["kernels"]) == len(compiled.plan.kernels)
     report = (out / "report.md").read_text()
     assert "## Executable" in report and "matches" in report
     assert 'id="executable"' in (out / "report.html").read_text()
@@ -65,7 +65,7 @@ def test_generated_module_names_every_kernel_and_its_backend(built):
     out, _, compiled = built
     source = (out / "model.py").read_text()
     compile(source, "model.py", "exec")
-    for i, k in enumerate(compiled.result.plan.kernels):
+    for i, k in enumerate(compiled.plan.kernels):
         assert f"# {k.name}: {k.ops} [" in source and f"K[{i}](" in source
     assert "def launch(K, S, C, x0):" in source
     kernel_files = list((out / "kernels").iterdir())
@@ -93,8 +93,8 @@ def test_loaded_executable_runs_numpy_and_torch_and_returns_fresh_outputs(built)
 
 def test_planned_buffers_never_hold_two_live_tensors(built):
     out, _, compiled = built
-    plan, graph = compiled.result.plan, compiled.result.graph
-    layout = plan_layout(graph, plan, [k["in_place"] for k in compiled.written.manifest["kernels"]])
+    plan, graph = compiled.plan, compiled.graph
+    layout = plan_layout(graph, plan, [k["in_place"] for k in compiled.manifest["kernels"]])
     check_plan([KernelStep(k.inputs, k.outputs) for k in plan.kernels], layout.memory)
     assert layout.memory.peak_bytes <= layout.memory.naive_bytes
     assert set(layout.output_buffers) <= set(graph.outputs)
@@ -159,7 +159,7 @@ def test_a_mismatch_fails_the_build_and_leaves_no_manifest(tmp_path, monkeypatch
         b for b in backends if b.name == "library" and b.claims(kernel) is None])
     out = tmp_path / "out"
     with pytest.raises(CheckFailed, match="DOES NOT match"):
-        compile_model(_two_output_model(), output=out, target="cpu", cost="roofline")
+        optimize(_two_output_model(), output=out, target="cpu", cost="roofline")
     assert not (out / "manifest.json").exists()
     assert "DOES NOT match" in (out / "report.md").read_text()
     with pytest.raises(KorchError, match="not a korch executable"):
@@ -170,11 +170,11 @@ def test_planning_for_an_absent_gpu_writes_the_plan_only(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the executable is built")
     out = tmp_path / "out"
-    compiled = compile_model(_two_output_model(), output=out, target="h100", cost="roofline")
-    assert compiled.written is None and Plan.load(out / "plan.json").target == "h100"
+    compiled = optimize(_two_output_model(), output=out, target="h100", cost="roofline")
+    assert compiled.executable is None and Plan.load(out / "plan.json").target == "h100"
     assert (out / "report.html").exists() and not (out / "manifest.json").exists()
     with pytest.raises(KorchError, match="needs its GPU to measure"):
-        compile_model(_two_output_model(), output=tmp_path / "m", target="h100", cost="measured")
+        optimize(_two_output_model(), output=tmp_path / "m", target="h100", cost="measured")
 
 
 def test_opaque_operators_run_in_the_executable(tmp_path):
@@ -185,9 +185,9 @@ def test_opaque_operators_run_in_the_executable(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4,))])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     with pytest.warns(UserWarning, match="Det"):
-        compiled = compile_model(model, output=tmp_path / "out", target="cpu", cost="roofline")
+        compiled = optimize(model, output=tmp_path / "out", target="cpu", cost="roofline")
     assert compiled.executable.check.ok
-    kernels = {k["ops"]: k["backend"] for k in compiled.written.manifest["kernels"]}
+    kernels = {k["ops"]: k["backend"] for k in compiled.manifest["kernels"]}
     assert kernels["Det"] == "library" and not compiled.executable.cuda_graph
 
 
@@ -204,9 +204,9 @@ def test_a_wrong_fused_kernel_is_found_and_rebuilt_by_the_next_backend(tmp_path,
             r.mul_(2)
         return results
     monkeypatch.setattr(InductorKernel, "__call__", doubled)
-    compiled = compile_model(_two_output_model(), output=tmp_path / "out", target="cpu", cost="roofline")
+    compiled = optimize(_two_output_model(), output=tmp_path / "out", target="cpu", cost="roofline")
     assert compiled.executable.check.ok
-    kernels = compiled.written.manifest["kernels"]
+    kernels = compiled.manifest["kernels"]
     assert all(k["backend"] != "inductor" for k in kernels)
     assert any("inductor: check failed" in r for k in kernels for r in k["refused"])
     assert (tmp_path / "out" / "manifest.json").exists()
@@ -241,18 +241,21 @@ def test_gpu_plan_with_triton_kernels_runs_in_the_interpreter(tmp_path):
     """The GPU path of an executable on the CPU: korch's Triton kernels (Triton's interpreter, set up by
     conftest) write planned buffers in place, and the whole sequence matches ONNX Runtime."""
     from korch.backends.triton.launch import interpreting
-    from korch.pipeline import optimize
+    from korch.runtime.assemble import assemble
+    from korch.runtime.build import build_plan
     from korch.runtime.selfcheck import check_against_onnxruntime
     from korch.runtime.write import write_executable
 
     assert interpreting()
     model = _two_output_model()
-    result = optimize(model, target="h100")
-    written = write_executable(tmp_path / "out", result.graph, result.plan, target="h100",
-                               reference_model=model.SerializeToString(), device="cpu")
-    backends = [k["backend"] for k in written.manifest["kernels"]]
+    result = optimize(model, target="h100", cost="roofline")
+    steps = build_plan(result.graph, result.plan, "h100", "cpu", check_kernels=False)
+    assembled = assemble(result.graph, result.plan, steps, target="h100", device="cpu",
+                         reference_model=model.SerializeToString())
+    write_executable(tmp_path / "out", assembled, {}, checked=True)
+    backends = [k["backend"] for k in assembled.manifest["kernels"]]
     assert "triton" in backends, backends
-    assert any(k["in_place"] for k in written.manifest["kernels"] if k["backend"] == "triton")
-    check = check_against_onnxruntime(written.executable, model)
+    assert any(k["in_place"] for k in assembled.manifest["kernels"] if k["backend"] == "triton")
+    check = check_against_onnxruntime(assembled.executable, model)
     assert check.ok, check.summary()
     assert "K[0](" in (tmp_path / "out" / "model.py").read_text()

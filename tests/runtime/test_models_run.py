@@ -13,9 +13,9 @@ import warnings
 import pytest
 
 from korch import zoo
-from korch.api import compile_model
+from korch.pipeline import optimize
 from korch.runtime.selfcheck import check_against_onnxruntime
-from korch.runtime.write import load
+from korch.runtime.load import load
 from tests.models.test_models_match_ort import LIGHT_DIR
 
 MODELS = ["zoo:candy", "zoo:bert_layer", "zoo:vit_block",
@@ -26,7 +26,7 @@ MODELS = ["zoo:candy", "zoo:bert_layer", "zoo:vit_block",
 def test_model_optimizes_runs_and_matches_onnxruntime(model, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        compiled = compile_model(model, output=tmp_path / "out", target="cpu", cost="roofline")
+        compiled = optimize(model, output=tmp_path / "out", target="cpu", cost="roofline")
         assert compiled.executable.check.ok, compiled.executable.check.summary()
         loaded = load(tmp_path / "out")
     source = str(zoo.export(model.removeprefix("zoo:"))) if model.startswith("zoo:") else model

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from korch.errors import KorchError
-from korch.orchestrate.solver import Problem, Solution, Solver
+from korch.orchestrate.problem import Problem
+from korch.orchestrate.solver import Solution, Solver
 
 # A measured latency may sit this far (relative) below its bound before the
 # oracle counts as broken: float noise, not a faster kernel.

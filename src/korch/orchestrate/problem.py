@@ -1,4 +1,5 @@
-"""From a segment of the primitive graph to the solver's plain ``Problem``: tensors become ids.
+"""The solver's plain ``Problem`` (costs, and the tensor ids each candidate needs and produces), and how a
+segment of the primitive graph becomes one: tensors become ids.
 
 Given tensors (graph inputs, constants, and whatever earlier segments wrote)
 are always available; required tensors are the ones the segment writes for
@@ -16,11 +17,32 @@ required.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from korch.ir import Graph
 from korch.orchestrate.candidates import CandidateSet
 from korch.orchestrate.partition import Segment
-from korch.orchestrate.solver import Problem
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The program's data. Tensor ids are arbitrary ints; given tensors (graph inputs,
+    constants) appear in no ``needs``. A cost of ``math.inf`` excludes a candidate."""
+
+    costs: tuple[float, ...]
+    needs: tuple[tuple[int, ...], ...]
+    produces: tuple[tuple[int, ...], ...]
+    required: tuple[int, ...]
+
+    def __post_init__(self):
+        n = len(self.costs)
+        if len(self.needs) != n or len(self.produces) != n:
+            raise ValueError(f"problem has {n} costs, {len(self.needs)} needs and "
+                             f"{len(self.produces)} produces: one of each per candidate")
+        for c, cost in enumerate(self.costs):
+            if not cost >= 0:  # also catches NaN
+                raise ValueError(f"candidate {c} has cost {cost}: costs must be >= 0 "
+                                 "(math.inf excludes a candidate)")
 
 
 def segment_problem(graph: Graph, candidates: CandidateSet, segment: Segment,

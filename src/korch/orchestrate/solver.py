@@ -22,7 +22,8 @@ import highspy
 import numpy as np
 
 from korch.errors import KorchError
-from korch.orchestrate.executable import Index, Row, cutset_rows, stuck_rows
+from korch.orchestrate.problem import Problem
+from korch.orchestrate.schedule import Index, Row, cutset_rows, stuck_rows
 
 # A selection variable counts as chosen above this value (HiGHS returns
 # integral values up to its feasibility tolerance).
@@ -36,27 +37,6 @@ _TOLERANCE = 1e-7
 
 class InfeasibleError(KorchError, ValueError):
     """No set of candidates computes every required tensor in an executable order."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    """The program's data. Tensor ids are arbitrary ints; given tensors (graph inputs,
-    constants) appear in no ``needs``. A cost of ``math.inf`` excludes a candidate."""
-
-    costs: tuple[float, ...]
-    needs: tuple[tuple[int, ...], ...]
-    produces: tuple[tuple[int, ...], ...]
-    required: tuple[int, ...]
-
-    def __post_init__(self):
-        n = len(self.costs)
-        if len(self.needs) != n or len(self.produces) != n:
-            raise ValueError(f"problem has {n} costs, {len(self.needs)} needs and "
-                             f"{len(self.produces)} produces: one of each per candidate")
-        for c, cost in enumerate(self.costs):
-            if not cost >= 0:  # also catches NaN
-                raise ValueError(f"candidate {c} has cost {cost}: costs must be >= 0 "
-                                 "(math.inf excludes a candidate)")
 
 
 @dataclass(frozen=True)

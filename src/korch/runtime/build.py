@@ -4,15 +4,15 @@ A measured plan names, for every kernel, the backend whose kernel was fastest
 and checked; that backend builds it again (from the compilers' caches). A plan
 priced by lower bounds names none: a kernel of one linear, window or opaque
 primitive goes to the library (cuBLAS/cuDNN, oneDNN), any other to the target's
-fusing backends in their order, and each such build is checked against the
-reference executor before it is trusted. A backend that fails hands the kernel
-to the next; the last resort runs the kernel's primitives one torch operator
-at a time (the library backend's lowering), which always builds.
+fusing backends in their order. A backend that fails hands the kernel to the
+next; the last resort runs the kernel's primitives one torch operator at a
+time (the library backend's lowering), which always builds.
 
 Checking every kernel of a large model against the reference executor costs
-more than building it, so ``build_plan(check=False)`` builds first and the
-whole executable is checked against ONNX Runtime; only when that fails does
-``recheck`` check each unchecked kernel and rebuild the failing ones.
+more than building it, so the pipeline builds with ``check_kernels=False`` and
+checks the whole executable against ONNX Runtime; only when that fails does
+``recheck`` check each unchecked kernel against the reference executor and
+rebuild the failing ones with the next backend.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The report of an optimize run as ONE self-contained HTML page: numbers, the primitive graph, the kernels.
 
 Owns ``OUTDIR/report.html``. The page needs no network: CSS, JS and the SVG
-drawing (``report_graph``) are inline. It shows the plan's header numbers (and
+drawing (``drawing``) are inline. It shows the plan's header numbers (and
 the measurement and benchmark numbers when there are some), the primitive
 graph with every chosen kernel as a coloured group, the kernels in execution
 order (row ``id="kernel-NAME"``, matching the drawing's ``data-kernel="NAME"``)
@@ -26,7 +26,7 @@ from korch.fsutil import atomic_write_bytes
 from korch.ir.graph import Graph
 from korch.ir.ops import Kind, Op
 from korch.orchestrate.plan import Plan, PlannedKernel
-from korch.orchestrate.report_graph import kernel_colour, kernels_by_node, render_svg
+from korch.report.drawing import kernel_colour, kernels_by_node, render_svg
 
 
 def _e(value) -> str:

@@ -14,8 +14,8 @@ import pytest
 from korch.fission.builder import Builder
 from korch.ir import Graph, Op, Tensor, verify
 from korch.orchestrate.plan import Plan, PlannedKernel
-from korch.orchestrate.report_graph import NODE_H, NODE_W, layout
-from korch.orchestrate.report_html import kernel_class, render_html, write_html_report
+from korch.report.drawing import NODE_H, NODE_W, layout
+from korch.report.html_page import kernel_class, render_html, write_html_report
 
 
 class _Elements(HTMLParser):
@@ -111,7 +111,7 @@ def candy():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = optimize("zoo:candy", target="cpu")
+        result = optimize("zoo:candy", target="cpu", cost="roofline")
     return result.graph, result.plan
 
 

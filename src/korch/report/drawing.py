@@ -1,6 +1,6 @@
 """The primitive graph of a plan drawn as inline SVG, with each chosen kernel as a coloured group.
 
-Owns the layout and the drawing for ``report_html``. Nodes go into columns by
+Owns the layout and the drawing for ``html_page``. Nodes go into columns by
 topological depth (longest path from the graph's inputs), and each node sits
 near the mean row of its predecessors, pushed apart from its neighbours, so
 chains draw as straight rows. Models are long and thin (a 546-primitive YOLO

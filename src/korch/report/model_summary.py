@@ -1,9 +1,4 @@
-"""What ``korch inspect`` reports about a model: operators, primitives, opaque ops, bytes, FLOPs.
-
-``load_model`` is the one way the CLI and the Python API turn a user's model
-reference (a path, ``zoo:NAME`` or a ModelProto) into an imported model and
-its primitive graph.
-"""
+"""What ``korch inspect`` reports about a model: operators, primitives, opaque ops, bytes, FLOPs."""
 
 from __future__ import annotations
 
@@ -19,27 +14,6 @@ from korch.fission import FissionReport, fission_with_report
 from korch.frontend import ImportedModel, load_onnx
 from korch.ir import Graph
 from korch.ir.analysis import graph_flops, parameter_bytes
-
-ZOO_PREFIX = "zoo:"
-
-
-def resolve_model(model: str | os.PathLike | onnx.ModelProto) -> str | Path | onnx.ModelProto:
-    """``zoo:NAME`` -> the path of the exported zoo model; anything else unchanged."""
-    if isinstance(model, str) and model.startswith(ZOO_PREFIX):
-        from korch import zoo
-
-        return zoo.export(model[len(ZOO_PREFIX):])
-    return model
-
-
-def load_model(model: str | os.PathLike | onnx.ModelProto,
-               input_shapes: Mapping[str, Sequence[int]] | None = None) -> tuple[ImportedModel, Graph, FissionReport]:
-    imported = load_onnx(resolve_model(model), input_shapes)
-    name = Path(model).stem if isinstance(model, (str, os.PathLike)) else None
-    graph, report = fission_with_report(imported, name=name.removeprefix(ZOO_PREFIX) if name else None)
-    report.warn()
-    return imported, graph, report
-
 
 @dataclasses.dataclass
 class ModelSummary:

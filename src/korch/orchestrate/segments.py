@@ -1,0 +1,87 @@
+"""Solving a model segment by segment into the plan's kernels, priced by bounds or measured lazily.
+
+``solve_segments`` turns each segment of the partition into its ``Problem``,
+solves it (``solver.solve`` on lower bounds, or ``lazy.solve_lazily`` with a
+measurer that builds and times the candidates an optimum could use) and
+returns the chosen candidates as ``PlannedKernel``s in an executable order,
+with one ``SegmentReport`` per segment. The measurer is any object with
+``known``, ``measure`` and ``record_for`` (``backends.measure.KernelMeasurer``);
+this layer never builds a kernel itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+from korch.ir import Graph
+from korch.orchestrate.candidates import CandidateSet
+from korch.orchestrate.lazy import solve_lazily
+from korch.orchestrate.partition import Segment
+from korch.orchestrate.plan import PlannedKernel, SegmentReport
+from korch.orchestrate.problem import segment_problem
+from korch.orchestrate.signature import describe
+from korch.orchestrate.solver import solve
+
+
+def measurement_stats(measurer) -> dict:
+    """What the measurer did, for the plan's stats and the report."""
+    st = measurer.stats
+    return {"device": measurer.device_key, "backends": measurer.versions, "candidates": len(measurer.candidates),
+            "signatures_asked": st.asked,
+            "from_database": st.from_db, "kernels_measured": st.measured, "below_bound": st.below_bound,
+            "failures": [dataclasses.asdict(f) for f in st.failures]}
+
+
+class _SegmentOracle:
+    """A segment's local candidate numbers -> the measurer's global ones."""
+
+    def __init__(self, measurer, ids: Sequence[int]):
+        self.measurer, self.ids = measurer, ids
+
+    def measure(self, local_ids):
+        got = self.measurer.measure([self.ids[c] for c in local_ids])
+        return {c: got[self.ids[c]] for c in local_ids}
+
+
+def _solve_segment(problem, ids, bounds, measurer, time_limit):
+    """The segment's solution, with measured latencies when a measurer is given: (solution, latency by local id)."""
+    if measurer is None:
+        return solve(problem, time_limit=time_limit), {}
+    local_bounds = [bounds[i] for i in ids]
+    known = measurer.known(ids)
+    measured = {c: known[i] for c, i in enumerate(ids) if i in known}
+    result = solve_lazily(problem, local_bounds, _SegmentOracle(measurer, ids), measured=measured,
+                          time_limit=time_limit)
+    return result.solution, {**measured, **result.measured}
+
+
+def solve_segments(graph: Graph, candidates: CandidateSet, segments: Sequence[Segment], bounds: Sequence[float],
+                   time_limit: float | None, on_segment: Callable[[int, int], None] | None = None,
+                   measurer=None) -> tuple[list[PlannedKernel], list[SegmentReport]]:
+    """The plan's kernels in execution order and a report per segment (``time_limit``: seconds for all)."""
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
+    kernels: list[PlannedKernel] = []
+    reports: list[SegmentReport] = []
+    for number, segment in enumerate(segments):
+        if on_segment:
+            on_segment(number, len(segments))
+        problem, ids = segment_problem(graph, candidates, segment, bounds)
+        remaining = None if deadline is None else max(deadline - time.perf_counter(), 0.5)
+        solution, latencies = _solve_segment(problem, ids, bounds, measurer, remaining)
+        for local in solution.order:
+            cand = candidates.candidates[ids[local]]
+            nodes = sorted(cand.nodes)
+            record = measurer.record_for(cand.id) if measurer else None
+            kernels.append(PlannedKernel(
+                name=f"k{len(kernels)}", nodes=tuple(graph.nodes[i].name for i in nodes),
+                ops=describe(graph, cand.nodes), inputs=cand.inputs, outputs=cand.outputs,
+                signature=cand.signature, cost_s=latencies.get(local, bounds[cand.id]), bound_s=bounds[cand.id],
+                measured=local in latencies, backend=record.backend if record else "",
+                launches=record.launches if record else 1, variant=record.variant if record else None))
+        reports.append(SegmentReport(
+            nodes=len(segment.nodes), candidates=len(ids), exact=segment.exact, dropped=segment.dropped,
+            kernels=len(solution.order), objective_s=solution.objective, seconds=solution.seconds,
+            optimal=solution.optimal, gap=solution.gap, cycle_cuts=solution.cycle_cuts))
+    return kernels, reports

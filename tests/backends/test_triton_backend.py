@@ -12,7 +12,8 @@ from korch.backends.check import check
 from korch.backends.triton import backend as triton_backend
 from korch.backends.triton.ahead import compile_generated as compile_for_hopper
 from korch.backends.triton.backend import TritonBackend, kernel_class_of
-from korch.backends.triton.launch import TritonKernel
+from korch.backends.triton.kernel_class import KernelClass, Refuse
+from korch.backends.triton.launch import TritonKernel, compile_for_target
 from korch.backends.triton.pointwise import POINTWISE
 from korch.backends.triton.reduction import REDUCTION
 from korch.backends.triton.window import WINDOW
@@ -69,6 +70,28 @@ def test_a_class_that_crashes_while_claiming_only_refuses(monkeypatch):
     assert kernel_class_of(relu) == "pointwise"
 
 
+def test_every_class_claims_by_generating():
+    class Buggy(KernelClass):
+        name = "buggy"
+
+        def generate(self, kernel):
+            raise IndexError("bug")
+
+    class Refusing(KernelClass):
+        def generate(self, kernel):
+            raise Refuse("not mine")
+
+    relu = kernel([helper.make_node("Relu", ["x"], ["y"])], {"x": (3,)}, {"y": (3,)})
+    assert Buggy().claims(relu) == "generator error: IndexError" and Refusing().claims(relu) == "not mine"
+    assert all(isinstance(cls, KernelClass) for cls in triton_backend.kernel_classes())
+
+
+def test_no_compile_for_a_gpu_in_a_process_that_interprets():
+    relu = kernel([helper.make_node("Relu", ["x"], ["y"])], {"x": (3,)}, {"y": (3,)})
+    with pytest.raises(RuntimeError, match="spawned process"):
+        compile_for_target(POINTWISE.generate(relu))
+
+
 def test_every_test_kernel_compiles_for_hopper():
     names = list(ALL_CASES)
     errors = compile_for_hopper([cls.generate(make()) for cls, make in ALL_CASES.values()])
@@ -85,7 +108,7 @@ MAX_ELEMENTS = 70_000  # the interpreter is slow: sample kernels whose tensors a
 def _claimed_candidates(model: str):
     from korch.ir.subgraph import extract
     from korch.orchestrate.candidates import enumerate_candidates
-    from korch.summary import load_model
+    from korch.pipeline import load_model
 
     _, graph, _ = load_model(f"zoo:{model}")
     candidates = enumerate_candidates(graph).candidates

@@ -1,9 +1,10 @@
 """Compiling generated kernels ahead of time for a GPU that is not here (Hopper by default).
 
-Used by the survey ``benchmarks/compile_hopper.py`` and by CI. Compiles run in
-spawned processes with the interpreter off: a process that has run kernels in
-Triton's interpreter keeps some of its patches to ``triton.language`` and cannot
-compile afterwards.
+Used by the survey ``benchmarks/compile_hopper.py`` and by the tests: every
+compile for a real target runs here, in spawned processes with the interpreter
+off. A process that has run kernels in Triton's interpreter keeps some of its
+patches to ``triton.language`` and cannot compile afterwards
+(``launch.compile_for_target`` refuses to run in one).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The Triton backend: picks the kernel class that can write a candidate and builds it as one Triton kernel.
 
 Kernel classes (``matmul``, ``conv``, ``window``, ``reduction``, ``pointwise``)
-each expose ``claims(kernel) -> reason | None`` and ``generate(kernel)``; the
-first class that claims a kernel generates it. When none does, the refusal
+are ``KernelClass``es (``kernel_class.py``): ``claims(kernel) -> reason | None``
+and ``generate(kernel)``; the first class that claims a kernel generates it. When none does, the refusal
 reported is that of the class owning the kernel's heaviest op kind (a kernel
 with a reduction reports why the reduction class refused it), which is the
 reason worth counting.
@@ -13,32 +13,26 @@ from __future__ import annotations
 import triton
 
 from korch.backends.base import BuildError
+from korch.backends.triton.conv import CONV
+from korch.backends.triton.kernel_class import KernelClass
 from korch.backends.triton.launch import TritonKernel, interpreting
+from korch.backends.triton.matmul import MATMUL
 from korch.backends.triton.pointwise import POINTWISE
 from korch.backends.triton.reduction import REDUCTION
 from korch.backends.triton.window import WINDOW
 from korch.ir.graph import Graph
 from korch.ir.ops import Kind, Op
 
-try:
-    from korch.backends.triton.matmul import MATMUL
-except ImportError:
-    MATMUL = None
-try:
-    from korch.backends.triton.conv import CONV
-except ImportError:
-    CONV = None
-
 # bump when generated code changes, so that profiled latencies are re-measured
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"
 
 
-def kernel_classes() -> list:
-    """The available kernel classes, most specific first."""
-    return [cls for cls in (MATMUL, CONV, WINDOW, REDUCTION, POINTWISE) if cls is not None]
+def kernel_classes() -> list[KernelClass]:
+    """The kernel classes, most specific first."""
+    return [MATMUL, CONV, WINDOW, REDUCTION, POINTWISE]
 
 
-def _refusal(cls, kernel: Graph) -> str | None:
+def _refusal(cls: KernelClass, kernel: Graph) -> str | None:
     """``cls.claims(kernel)``; a class that fails while deciding refuses (one class's bug drops its kernels only)."""
     try:
         return cls.claims(kernel)
@@ -46,15 +40,14 @@ def _refusal(cls, kernel: Graph) -> str | None:
         return f"{cls.name} claims failed: {type(exc).__name__}"
 
 
-def _owner(kernel: Graph):
+def _owner(kernel: Graph) -> KernelClass | str:
     """The class whose refusal explains why ``kernel`` is not built, or a reason when there is none."""
     ops = {node.op for node in kernel.nodes}
     kinds = {op.kind for op in ops}
     if Kind.OPAQUE in kinds:
         return "opaque op"
     if Kind.LINEAR in kinds:
-        owner = CONV if ops & {Op.CONV, Op.CONV_TRANSPOSE} else MATMUL
-        return owner if owner is not None else "no generator for linear ops"
+        return CONV if ops & {Op.CONV, Op.CONV_TRANSPOSE} else MATMUL
     if Kind.WINDOW in kinds:
         return WINDOW
     if Kind.REDUCE in kinds:

@@ -1,20 +1,27 @@
-"""Writing a kernel graph's values as Triton statements: loads, elementwise math and layout ops as index maps.
+"""The one emitter of generated Triton kernels: a kernel graph's values as Triton statements.
 
-``Emitter.value(tensor, index)`` returns a Triton variable holding ``tensor``
-at ``index`` (one ``Ix`` per axis, see ``indexing.py``) for every lane of the
-current block, emitting the statements that compute it. It walks back from the
-tensor to the kernel's inputs: an elementwise node evaluates its operands at
-the broadcast index; a layout node maps the index to its input's index
-(transpose permutes, reshape re-splits, slice is start + i*step, pad clamps,
-mirrors or masks, concat selects a piece under a condition, gather looks the
-index up, broadcast drops axes); inputs and large constants are loaded, scalar
-constants are written as literals. Values are memoized per (tensor, index,
-condition), so shared work is emitted once per scope. Kernel classes add
-handlers for the ops they own (reductions, pools).
+Every kernel class (pointwise, reduction, window, matmul, conv) writes its
+kernel through an ``Emitter``. ``Emitter.value(tensor, index)`` returns a
+Triton variable holding ``tensor`` at ``index`` (one ``Ix`` per axis, see
+``indexing.py``) for every lane of the current block, emitting the statements
+that compute it. It walks back from the tensor to the kernel's inputs: an
+elementwise node evaluates its operands at the broadcast index; a layout node
+maps the index to its input's index (transpose permutes, reshape re-splits,
+slice is start + i*step, pad clamps, mirrors or masks, concat selects a piece
+under a condition, gather looks the index up, broadcast drops axes); inputs
+and large constants are loaded, scalar constants are written as literals.
+Values are memoized per (tensor, index, condition), so shared work is emitted
+once per scope. Kernel classes add handlers for the ops they own (reductions,
+pools) and write their loops around it; the GEMM classes also carry values
+forwards from the product (``tiled.py``) with ``elementwise`` and ``store``.
 
 A *condition* restricts where a value is needed (a concat piece, the inside of
-a constant pad): loads under it are masked by it, so they never touch memory
-outside their tensor.
+a constant pad, a convolution's padding): loads under it are masked by it, so
+they never touch memory outside their tensor. A masked load is zero where its
+mask is off (``loads`` names them).
+
+``generated`` writes the whole module: the prelude, the kernel header with its
+pointer parameters (inputs, constants, outputs) and constexprs, and the body.
 """
 
 from __future__ import annotations
@@ -25,18 +32,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from korch.backends.triton import scalar
-from korch.backends.triton.generated import Param
-from korch.backends.triton.indexing import Ix, Space, const, reshape_groups
+from korch.backends.triton.generated import GeneratedKernel, Param, Variant
+from korch.backends.triton.indexing import Ix, Space, broadcast_index, const, table_index
+from korch.backends.triton.kernel_class import Refuse
 from korch.ir import dtypes
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import ELEMENTWISE, LAYOUT, Op
 
 # constants with at most this many elements are written into the source
 BAKED_CONSTANT = 1
-
-
-class Refuse(Exception):
-    """The generator cannot write this kernel; the message is the short reason claims report."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,17 +56,6 @@ class Val:
 Handler = Callable[["Emitter", Node, tuple[Ix, ...], "Val | None"], Val]
 
 
-def claims_by_generating(generate: Callable[[Graph], object], kernel: Graph) -> str | None:
-    """None when ``generate(kernel)`` succeeds (writing source is cheap; nothing is compiled), else why not."""
-    try:
-        generate(kernel)
-    except Refuse as refusal:
-        return str(refusal)
-    except Exception as exc:  # noqa: BLE001 - a generator bug: refuse rather than claim a kernel that cannot be written
-        return f"generator error: {type(exc).__name__}"
-    return None
-
-
 def literal(value, dtype: str) -> Val:
     value = np.asarray(value).item()
     if dtypes.is_float(dtype):
@@ -72,27 +65,9 @@ def literal(value, dtype: str) -> Val:
     return Val(text, scalar.compute_dtype(dtype), literal=True)
 
 
-def check_ops(kernel: Graph, allowed: frozenset[Op]) -> None:
-    """Refuse ops outside ``allowed`` and elementwise ops or dtypes the scalar table cannot write."""
-    for node in kernel.nodes:
-        if node.op not in allowed:
-            raise Refuse(f"{node.op.kind.value} op {node.op.value}")
-        in_dtypes = [kernel.tensors[t].dtype for t in node.inputs if t]
-        out_dtypes = [kernel.tensors[t].dtype for t in node.outputs]
-        if not all(d in scalar.TRITON_TYPES for d in in_dtypes + out_dtypes):
-            raise Refuse("unsupported dtype")
-        if node.op in ELEMENTWISE and not scalar.supported(node.op, in_dtypes):
-            raise Refuse(f"no Triton expression for {node.op.value}")
-        if node.op is Op.GATHER and node.inputs[1] not in kernel.constants:
-            raise Refuse("gather with computed indices")
-
-
-def wide_index(kernel: Graph) -> bool:
-    """Whether index arithmetic needs int64 (some tensor has 2**31 elements or more)."""
-    return any(t.numel >= 2**31 for t in kernel.tensors.values())
-
-
 class Emitter:
+    """The statements of one kernel's body, its pointer parameters, and the values computed so far per scope."""
+
     def __init__(self, kernel: Graph, space: Space, handlers: dict[Op, Handler] | None = None):
         self.kernel, self.space = kernel, space
         self.handlers = dict(handlers or {})
@@ -101,6 +76,7 @@ class Emitter:
         self.depth = 1
         self.scopes: list[dict] = [{}]
         self.pointers: dict[str, str] = {}   # tensor name -> argument name
+        self.loads: set[str] = set()         # variables holding masked loads (zero where masked)
         self._count = 0
 
     # --- statements and scopes ---------------------------------------------------------------
@@ -149,10 +125,17 @@ class Emitter:
     def signature(self) -> str:
         return ", ".join(self.pointers[p.name] for p in self.params())
 
+    def generated(self, kernel_class: str, constexprs: Sequence[str], variants: Sequence[Variant],
+                  helpers: str = "", entry: str = "kernel") -> GeneratedKernel:
+        """The whole module: prelude, ``helpers``, then the entry with its parameters and the body written."""
+        params = ", ".join(([self.signature()] if self.pointers else []) + [f"{c}: tl.constexpr" for c in constexprs])
+        source = scalar.PRELUDE + helpers + f"\n\n@triton.jit\ndef {entry}({params}):\n" + "\n".join(self.lines) + "\n"
+        return GeneratedKernel(kernel_class, source, entry, self.params(), tuple(variants))
+
     # --- masks ----------------------------------------------------------------------------------
 
     def mask(self, vars_: frozenset[str], cond: Val | None = None) -> str | None:
-        parts = [f"{v}_mask" for v in sorted(vars_)]
+        parts = [f"{v}_mask" for v in self.space.masked(vars_)]
         if cond is not None:
             parts.append(cond.code)
         return " & ".join(parts) if parts else None
@@ -176,9 +159,9 @@ class Emitter:
 
     # --- loads and stores -------------------------------------------------------------------
 
-    def _address(self, tensor: str, offset: Ix, extra_vars: frozenset[str]) -> str:
+    def _address(self, tensor: str, offset: Ix, vars_: frozenset[str]) -> str:
         text = f"{self.pointer(tensor)} + {self.space.render(offset)}"
-        for v in sorted(extra_vars - offset.vars):  # widen the pointer block to the mask's shape
+        for v in self.space.masked(vars_ - offset.vars):  # widen the pointer block to the mask's shape
             text += f" + 0 * {v}"
         return text
 
@@ -188,15 +171,19 @@ class Emitter:
     def load_flat(self, tensor: str, offset: Ix, cond: Val | None) -> Val:
         t = self.kernel.tensors[tensor]
         vars_ = offset.vars | (cond.vars if cond else frozenset())
-        mask = self.mask(offset.vars, cond)
+        mask = self.mask(vars_, cond)
         address = self._address(tensor, offset, vars_)
         compute = scalar.compute_dtype(t.dtype)
         text = f"tl.load({address}, mask={mask}, other=0)" if mask else f"tl.load({address})"
         if compute != t.dtype:
             text += f".to({scalar.tl_dtype(compute)})"
-        return Val(self.assign(text), compute, vars_)
+        loaded = self.assign(text)
+        if mask:
+            self.loads.add(loaded)
+        return Val(loaded, compute, vars_)
 
-    def store(self, tensor: str, index: Sequence[Ix], value: Val) -> None:
+    def store(self, tensor: str, index: Sequence[Ix], value: Val, cond: Val | None = None) -> None:
+        """Store ``value`` at ``index`` on every lane where the variables it varies with are in range (and ``cond``)."""
         t = self.kernel.tensors[tensor]
         offset = self.space.flatten(index, t.shape)
         code = value.code
@@ -204,8 +191,9 @@ class Emitter:
             code = f"tl.full([1], {code}, {scalar.tl_dtype(value.dtype)})"
         if t.dtype != value.dtype:
             code = f"{code}.to({scalar.tl_dtype(t.dtype)})"
-        mask = self.mask(offset.vars)
-        address = self._address(tensor, offset, offset.vars)
+        vars_ = offset.vars | value.vars | (cond.vars if cond else frozenset())
+        mask = self.mask(vars_, cond)
+        address = self._address(tensor, offset, vars_)
         self.line(f"tl.store({address}, {code}, mask={mask})" if mask else f"tl.store({address}, {code})")
 
     # --- values ----------------------------------------------------------------------------------
@@ -234,14 +222,12 @@ class Emitter:
             return self._layout(node, index, cond)
         raise Refuse(f"{node.op.kind.value} op {node.op.value}")
 
-    def broadcast_index(self, index: Sequence[Ix], shape: Sequence[int]) -> tuple[Ix, ...]:
-        """The index into an operand of ``shape`` that numpy-broadcasts to the indexed shape."""
-        tail = tuple(index[len(index) - len(shape):]) if shape else ()
-        return tuple(const(0) if size == 1 else ix for ix, size in zip(tail, shape))
-
     def _elementwise(self, node: Node, index: tuple[Ix, ...], cond: Val | None) -> Val:
-        operands = [self.value(t, self.broadcast_index(index, self.kernel.tensors[t].shape), cond)
-                    for t in node.inputs]
+        operands = [self.value(t, broadcast_index(index, self.kernel.tensors[t].shape), cond) for t in node.inputs]
+        return self.elementwise(node, operands)
+
+    def elementwise(self, node: Node, operands: Sequence[Val]) -> Val:
+        """``node`` applied to its operands' values."""
         in_dtypes = [self.kernel.tensors[t].dtype for t in node.inputs]
         args = [o.code for o in operands]
         if node.op is Op.CAST and operands[0].literal:
@@ -264,25 +250,17 @@ class Emitter:
                 source[in_axis] = index[out_axis]
             return self.value(x, source, cond)
         if node.op is Op.RESHAPE:
-            return self.value(x, self.reshape_index(index, self.kernel.tensors[node.output].shape, in_shape), cond)
+            return self.value(x, sp.reshape(index, self.kernel.tensors[node.output].shape, in_shape), cond)
         if node.op is Op.SLICE:
             source = [sp.add_const(sp.mul(ix, step), start) for ix, start, step in zip(index, a["starts"], a["steps"])]
             return self.value(x, source, cond)
         if node.op is Op.BROADCAST:
-            return self.value(x, self.broadcast_index(index, in_shape), cond)
+            return self.value(x, broadcast_index(index, in_shape), cond)
         if node.op is Op.PAD:
             return self._pad(node, index, cond)
         if node.op is Op.CONCAT:
             return self._concat(node, index, cond)
         return self._gather(node, index, cond)
-
-    def reshape_index(self, index: Sequence[Ix], out_shape: Sequence[int], in_shape: Sequence[int]) -> list[Ix]:
-        source = [const(0)] * len(in_shape)
-        for out_axes, in_axes in reshape_groups(out_shape, in_shape):
-            flat = self.space.flatten([index[i] for i in out_axes], [out_shape[i] for i in out_axes])
-            for axis, ix in zip(in_axes, self.space.unflatten(flat, [in_shape[i] for i in in_axes])):
-                source[axis] = ix
-        return source
 
     def _pad(self, node: Node, index: tuple[Ix, ...], cond: Val | None) -> Val:
         x, sp = node.inputs[0], self.space
@@ -311,7 +289,7 @@ class Emitter:
         return Val(self.assign(f"tl.where({inner.code}, {v.code}, {fill.code})"), v.dtype, v.vars | inner.vars)
 
     def _fold(self, j: Ix, size: int, mode: str) -> Ix:
-        """An out-of-range index mapped back inside (pads are smaller than the axis in these modes)."""
+        """An out-of-range index mapped back inside (the IR keeps reflect pads smaller than the axis)."""
         if j.is_const:
             return const(int(_fold_number(j.const, size, mode)))
         s = self.space.render(j)
@@ -357,24 +335,11 @@ class Emitter:
         table = self.kernel.constants[table_name]
         q = table.ndim
         position = sp.flatten(index[axis:axis + q], table.shape)
-        looked_up = self._table_index(table_name, table, position, cond)
+        looked_up = table_index(sp, table, position)
+        if looked_up is None:
+            loaded = self.load_flat(table_name, position, cond)
+            looked_up = sp.opaque(loaded.code, loaded.vars)
         return self.value(x, index[:axis] + (looked_up,) + index[axis + q:], cond)
-
-    def _table_index(self, name: str, table: np.ndarray, position: Ix, cond: Val | None) -> Ix:
-        """``table[position]``: arithmetic when the table is affine or a nearest-upsampling map, else a load."""
-        flat = np.asarray(table, dtype=np.int64).reshape(-1)
-        sp, n = self.space, flat.size
-        if position.is_const:
-            return const(int(flat[position.const]))
-        j = np.arange(n)
-        step = int(flat[1] - flat[0]) if n > 1 else 0
-        if np.array_equal(flat, flat[0] + step * j):
-            return sp.add_const(sp.mul(position, step), int(flat[0]))
-        repeat = int(np.count_nonzero(flat == flat[0]))
-        if repeat > 1 and np.array_equal(flat, flat[0] + j // repeat):
-            return sp.add_const(sp.floordiv(position, repeat), int(flat[0]))
-        loaded = self.load_flat(name, position, cond)
-        return sp.opaque(loaded.code, loaded.vars)
 
 
 def _fold_number(j: int, size: int, mode: str) -> int:
@@ -384,12 +349,3 @@ def _fold_number(j: int, size: int, mode: str) -> int:
         return j % size
     return -j if j < 0 else (2 * (size - 1) - j if j >= size else j)
 
-
-def header(name: str, args: str, constexprs: Sequence[str]) -> str:
-    params = ", ".join([args] + [f"{c}: tl.constexpr" for c in constexprs] if args else
-                       [f"{c}: tl.constexpr" for c in constexprs])
-    return f"\n\n@triton.jit\ndef {name}({params}):\n"
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()

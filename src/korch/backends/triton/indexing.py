@@ -1,8 +1,11 @@
 """Index arithmetic of generated Triton kernels: per-axis indices as sums of digits of the loop variables.
 
-A kernel iterates over a few *domain variables* (``x``: the flat element of a
-pointwise output; ``row``/``col``: a reduction's kept and reduced positions),
-each with a known extent. Every index a kernel computes is an ``Ix``: either an
+A kernel iterates over a few *domain variables*, each with a known extent:
+``x``: the flat element of a pointwise output; ``row``/``col``: a reduction's
+kept and reduced positions; ``m``/``n``/``ka``/``kb``: a GEMM tile's rows,
+columns and reduction positions (as the A and the B tile see them), and
+``batch``, the tile's problem, which needs no mask. Every index a kernel
+computes is an ``Ix``: either an
 affine sum of *digits* ``(var // div) % mod`` of those variables, or an opaque
 piece of Triton source (a reflect pad, a gathered index) with the variables it
 reads.
@@ -12,13 +15,14 @@ variable over a shape and flattening it back (a reshape round trip) gives the
 variable again, so a reshape costs no division, and a reduction kernel can
 prove that a reduced value is read at the row that computed it (``Space.same``).
 Simplifications assume each variable lies in ``[0, extent)``; lanes beyond it are
-masked, so what they compute is never loaded or stored.
+masked (``<var>_mask``), so what they compute is never loaded or stored.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -60,10 +64,18 @@ class Space:
 
     def __init__(self, extents: dict[str, int] | None = None):
         self.extents: dict[str, int] = dict(extents or {})
+        self.unmasked: set[str] = set()
 
-    def add_var(self, name: str, extent: int) -> Ix:
+    def add_var(self, name: str, extent: int, masked: bool = True) -> Ix:
+        """A new variable in ``[0, extent)``; ``masked``: the kernel has lanes beyond it, off under ``<name>_mask``."""
         self.extents[name] = int(extent)
+        if not masked:
+            self.unmasked.add(name)
         return self.var(name)
+
+    def masked(self, vars_: frozenset[str]) -> list[str]:
+        """The variables among ``vars_`` that have a mask, in a fixed order."""
+        return sorted(v for v in vars_ if v not in self.unmasked)
 
     def var(self, name: str) -> Ix:
         return self._canon([(Digit(name, 1, None), 1)], 0)
@@ -214,6 +226,15 @@ class Space:
             leading = False
         return tuple(out)
 
+    def reshape(self, index: Sequence[Ix], src: Sequence[int], dst: Sequence[int]) -> list[Ix]:
+        """The index in shape ``dst`` of the element at ``index`` of shape ``src`` (same row-major position)."""
+        out = [const(0)] * len(dst)
+        for src_axes, dst_axes in reshape_groups(src, dst):
+            flat = self.flatten([index[i] for i in src_axes], [src[i] for i in src_axes])
+            for axis, ix in zip(dst_axes, self.unflatten(flat, [dst[i] for i in dst_axes])):
+                out[axis] = ix
+        return out
+
     def same(self, a: Ix, b: Ix) -> bool:
         """Whether ``a`` and ``b`` provably agree on every unmasked lane."""
         return a == b and a.code is None
@@ -227,6 +248,38 @@ class Space:
         if ix.const or not parts:
             parts.append(str(ix.const))
         return parts[0] if len(parts) == 1 else "(" + " + ".join(parts) + ")"
+
+
+def table_index(space: Space, table: np.ndarray, position: Ix) -> Ix | None:
+    """``table[position]`` (``position`` flat in ``table``) as index arithmetic, None when it must be loaded.
+
+    Gather tables of layout ops have closed forms: a slice's ``start + step*j``,
+    an integer nearest upsample's ``start + j // repeat``, and an uneven nearest
+    resize's ``start + (j * num) // den``.
+    """
+    flat = np.asarray(table, dtype=np.int64).reshape(-1)
+    n = flat.size
+    if position.is_const:
+        return const(int(flat[position.const]))
+    start, j = int(flat[0]), np.arange(n, dtype=np.int64)
+    step = int(flat[1] - flat[0]) if n > 1 else 0
+    if np.array_equal(flat, start + step * j):
+        return space.add_const(space.mul(position, step), start)
+    repeat = int(np.count_nonzero(flat == start))
+    if repeat > 1 and np.array_equal(flat, start + j // repeat):
+        return space.add_const(space.floordiv(position, repeat), start)
+    num, den = int(flat.max()) - start + 1, n
+    g = math.gcd(num, den)
+    num, den = num // g, den // g
+    if num > 0 and n * num < 2**31 and np.array_equal(flat, start + (j * num) // den):  # int32 products
+        return space.add_const(space.floordiv(space.mul(position, num), den), start)
+    return None
+
+
+def broadcast_index(index: Sequence[Ix], shape: Sequence[int]) -> tuple[Ix, ...]:
+    """The index into an operand of ``shape`` that numpy-broadcasts to the indexed shape."""
+    tail = tuple(index[len(index) - len(shape):]) if shape else ()
+    return tuple(const(0) if size == 1 else ix for ix, size in zip(tail, shape))
 
 
 def reshape_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], list[int]]]:

@@ -7,7 +7,10 @@ that way). ``tune`` times every variant and keeps the fastest.
 
 ``compile_for_target`` compiles a generated kernel for a GPU that need not be
 present (``GPUTarget("cuda", 90, 32)``: Hopper), which proves that it builds
-and reports its resource use.
+and reports its resource use. It refuses to run in a process that runs the
+interpreter: the interpreter patches ``triton.language`` in place, and a
+compile there fails depending on what ran before. ``ahead.py`` compiles in
+spawned processes instead.
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ class TritonKernel:
 
 def compile_for_target(generated: GeneratedKernel, arch: int = 90, variant: Variant | None = None):
     """Compile ``generated`` for CUDA compute capability ``arch`` without a GPU; returns Triton's compiled kernel."""
+    if interpreting():
+        raise RuntimeError("this process runs Triton's interpreter: compile for a GPU in a spawned process "
+                           "(korch.backends.triton.ahead)")
     import triton
     from triton.backends.compiler import GPUTarget
 

@@ -13,23 +13,13 @@ its transpose) are written by the same programs, sharing what they can.
 
 from __future__ import annotations
 
-from korch.backends.triton import scalar
-from korch.backends.triton.emit import (
-    Emitter,
-    Handler,
-    Refuse,
-    check_ops,
-    claims_by_generating,
-    header,
-    next_power_of_2,
-    wide_index,
-)
+from korch.backends.triton.emit import Emitter, Handler
 from korch.backends.triton.generated import GeneratedKernel, Variant
 from korch.backends.triton.indexing import Space
+from korch.backends.triton.kernel_class import KernelClass, Refuse, check_ops, next_power_of_2, wide_index
 from korch.ir.graph import Graph
 from korch.ir.ops import ELEMENTWISE, LAYOUT, Op
 
-ENTRY = "kernel"
 # (BLOCK, warps); the first is the default
 VARIANTS = ((1024, 4), (256, 4), (512, 4), (2048, 8))
 
@@ -69,7 +59,6 @@ def write_flat(kernel: Graph, kernel_class: str, handlers: dict[Op, Handler] | N
         if len(groups) > 1:
             em.depth -= 1
         start = end
-    source = scalar.PRELUDE + header(ENTRY, em.signature(), ["BLOCK"]) + "\n".join(em.lines) + "\n"
     largest = max(numel for numel, _ in groups)
     variants = []
     for block, warps in VARIANTS:
@@ -77,17 +66,14 @@ def write_flat(kernel: Graph, kernel_class: str, handlers: dict[Op, Handler] | N
             continue
         grid = sum(-(-numel // block) for numel, _ in groups)
         variants.append(Variant((("BLOCK", block),), (grid,), num_warps=warps))
-    return GeneratedKernel(kernel_class, source, ENTRY, em.params(), tuple(variants))
+    return em.generated(kernel_class, ["BLOCK"], variants)
 
 
-class Pointwise:
+class Pointwise(KernelClass):
     """Kernels of elementwise and layout primitives only."""
 
     name = "pointwise"
     ops = ELEMENTWISE | LAYOUT
-
-    def claims(self, kernel: Graph) -> str | None:
-        return claims_by_generating(self.generate, kernel)
 
     def generate(self, kernel: Graph) -> GeneratedKernel:
         check_ops(kernel, self.ops)

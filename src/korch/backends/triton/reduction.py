@@ -20,24 +20,17 @@ back that way).
 
 from __future__ import annotations
 
+import math
+
 from korch.backends.triton import scalar
-from korch.backends.triton.emit import (
-    Emitter,
-    Refuse,
-    Val,
-    check_ops,
-    claims_by_generating,
-    header,
-    next_power_of_2,
-    wide_index,
-)
+from korch.backends.triton.emit import Emitter, Val
 from korch.backends.triton.generated import GeneratedKernel, Variant
 from korch.backends.triton.indexing import Ix, Space
+from korch.backends.triton.kernel_class import KernelClass, Refuse, check_ops, next_power_of_2, wide_index
 from korch.ir import dtypes
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import ELEMENTWISE, LAYOUT, REDUCE, Op
 
-ENTRY = "kernel"
 # rows up to this many elements are reduced in one block
 PERSISTENT_LIMIT = 4096
 # (RBLOCK, warps) of looped rows; the first is the default
@@ -100,8 +93,8 @@ class _Plan:
         self.shape = shapes.pop()
         self.axes = tuple(self.reductions[0].attrs["axes"])
         self.kept = [i for i in range(len(self.shape)) if i not in self.axes]
-        self.rows = _prod(self.shape[i] for i in self.kept)
-        self.width = _prod(self.shape[i] for i in self.axes)
+        self.rows = math.prod(self.shape[i] for i in self.kept)
+        self.width = math.prod(self.shape[i] for i in self.axes)
         if self.rows == 0 or self.width == 0:
             raise Refuse("empty reduction")
         self.space = Space()
@@ -130,12 +123,12 @@ class _Plan:
     def _output_index(self, name: str) -> tuple[tuple[Ix, ...], str | None]:
         """How output ``name`` is iterated: its index in terms of ``row`` and a column variable (None: per row)."""
         shape = self.kernel.tensors[name].shape
-        numel, sp = _prod(shape), self.space
+        numel, sp = math.prod(shape), self.space
         if numel == self.rows:
             return sp.unflatten(self.row, shape), None
         if len(shape) == len(self.shape) and all(shape[i] == self.shape[i] for i in self.kept):
             others = [i for i in range(len(shape)) if i not in self.kept]
-            var = self.col_var(_prod(shape[i] for i in others))
+            var = self.col_var(math.prod(shape[i] for i in others))
             kept_ix = [self.index[i] for i in self.kept]
             return self._assemble(kept_ix, sp.unflatten(sp.var(var), [shape[i] for i in others]), others), var
         if numel % self.rows == 0 and self.kept == list(range(len(self.kept))):
@@ -194,7 +187,7 @@ class _Writer:
         self.em.pop()
         self.em.depth -= 1
 
-    def write(self) -> str:
+    def write(self) -> None:
         em, plan = self.em, self.plan
         em.line("pid = tl.program_id(0)" + (".to(tl.int64)" if self.wide else ""))
         em.line("row = pid * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
@@ -216,7 +209,6 @@ class _Writer:
                     if v == var:
                         em.store(name, index, em.value(name, index))
                 self._end_loop()
-        return "\n".join(em.lines) + "\n"
 
     def _reduce_level(self, level: list[Node]) -> None:
         em, plan = self.em, self.plan
@@ -249,23 +241,19 @@ class _Writer:
         self.results[node.output] = Val(self.em.assign(reduced, "r"), dtype, frozenset({"row"}))
 
 
-class Reduction:
+class Reduction(KernelClass):
     """Kernels with reductions over one set of axes, plus elementwise and layout work around them."""
 
     name = "reduction"
     ops = ELEMENTWISE | LAYOUT | REDUCE
-
-    def claims(self, kernel: Graph) -> str | None:
-        return claims_by_generating(self.generate, kernel)
 
     def generate(self, kernel: Graph) -> GeneratedKernel:
         check_ops(kernel, self.ops)
         plan = _Plan(kernel)
         persistent = plan.persistent_block <= PERSISTENT_LIMIT
         writer = _Writer(kernel, plan, persistent)
-        body = writer.write()
-        source = (scalar.PRELUDE + HELPERS + header(ENTRY, writer.em.signature(), ["XBLOCK", "RBLOCK"]) + body)
-        return GeneratedKernel(self.name, source, ENTRY, writer.em.params(), _variants(plan, persistent))
+        writer.write()
+        return writer.em.generated(self.name, ["XBLOCK", "RBLOCK"], _variants(plan, persistent), HELPERS)
 
 
 def _variants(plan: _Plan, persistent: bool) -> tuple[Variant, ...]:
@@ -277,13 +265,6 @@ def _variants(plan: _Plan, persistent: bool) -> tuple[Variant, ...]:
     blocks = dict.fromkeys(b for b in (default, default * 2, max(1, default // 4), 1) if b <= rows)
     return tuple(Variant((("XBLOCK", b), ("RBLOCK", rblock)), (-(-plan.rows // b),),
                          num_warps=8 if b * rblock >= 4096 else 4) for b in blocks)
-
-
-def _prod(values) -> int:
-    total = 1
-    for v in values:
-        total *= int(v)
-    return total
 
 
 REDUCTION = Reduction()

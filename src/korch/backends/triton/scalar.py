@@ -69,6 +69,8 @@ _BINARY = {
     Op.OR: "({0} | {1})",
     Op.XOR: "({0} ^ {1})",
 }
+# Every op ``expression`` writes: the templates above and the ops written case by case.
+OPS = frozenset(_UNARY) | frozenset(_BINARY) | {Op.SIGN, Op.DIV, Op.MOD, Op.MAX, Op.MIN, Op.POW, Op.WHERE, Op.CAST}
 
 
 def triton_type(dtype: str) -> str:
@@ -89,11 +91,9 @@ def supported(op: Op, operand_dtypes: Sequence[str]) -> bool:
     """Whether ``expression`` can write ``op`` on operands of these dtypes."""
     if not all(d in TRITON_TYPES for d in operand_dtypes):
         return False
-    if op in _UNARY or op in _BINARY or op in (Op.DIV, Op.MOD, Op.MAX, Op.MIN, Op.WHERE, Op.CAST, Op.SIGN):
-        return True
     if op is Op.POW:
         return all(dtypes.is_float(d) for d in operand_dtypes)
-    return False
+    return op in OPS
 
 
 def expression(op: Op, args: Sequence[str], attrs: Mapping, operand_dtypes: Sequence[str]) -> str:

@@ -12,17 +12,13 @@ computed at each window position; work after it on the pooled value.
 from __future__ import annotations
 
 import itertools
+import math
 
 from korch.backends.triton import scalar
-from korch.backends.triton.emit import (
-    Emitter,
-    Refuse,
-    Val,
-    check_ops,
-    claims_by_generating,
-)
+from korch.backends.triton.emit import Emitter, Val
 from korch.backends.triton.generated import GeneratedKernel
 from korch.backends.triton.indexing import Ix
+from korch.backends.triton.kernel_class import KernelClass, Refuse, check_ops
 from korch.backends.triton.pointwise import write_flat
 from korch.ir import dtypes
 from korch.ir.graph import Graph, Node
@@ -74,14 +70,11 @@ def _pool(em: Emitter, node: Node, index: tuple[Ix, ...], cond: Val | None) -> V
     return Val(acc, scalar.compute_dtype(em.kernel.tensors[x].dtype), vars_)
 
 
-class Window:
+class Window(KernelClass):
     """Kernels holding MAX_POOL / AVG_POOL nodes with elementwise and layout ops around them."""
 
     name = "window"
     ops = ELEMENTWISE | LAYOUT | WINDOW_OPS
-
-    def claims(self, kernel: Graph) -> str | None:
-        return claims_by_generating(self.generate, kernel)
 
     def generate(self, kernel: Graph) -> GeneratedKernel:
         pools = [n for n in kernel.nodes if n.op in WINDOW_OPS]
@@ -92,17 +85,10 @@ class Window:
         for node in pools:
             if not dtypes.is_float(kernel.tensors[node.inputs[0]].dtype):
                 raise Refuse("integer pool")
-            if _prod(node.attrs["kernel"]) > MAX_WINDOW:
+            if math.prod(node.attrs["kernel"]) > MAX_WINDOW:
                 raise Refuse("pool window too large")
         check_ops(kernel, self.ops)
         return write_flat(kernel, self.name, {Op.MAX_POOL: _pool, Op.AVG_POOL: _pool})
-
-
-def _prod(values) -> int:
-    total = 1
-    for v in values:
-        total *= int(v)
-    return total
 
 
 WINDOW = Window()

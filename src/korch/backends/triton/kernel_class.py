@@ -1,0 +1,62 @@
+"""What every Triton kernel class shares: the refusal, the claim protocol, and the checks made before writing.
+
+A kernel class (pointwise, reduction, window, matmul, conv) has a ``name`` and
+``generate(kernel) -> GeneratedKernel``, which raises ``Refuse`` with a short
+reason when the class cannot write the kernel. ``claims`` is defined once, by
+generating: writing source is cheap (nothing is compiled), and a class can only
+claim what it can write.
+"""
+
+from __future__ import annotations
+
+from korch.backends.triton import scalar
+from korch.backends.triton.generated import GeneratedKernel
+from korch.ir.graph import Graph
+from korch.ir.ops import ELEMENTWISE, Op
+
+
+class Refuse(Exception):
+    """The generator cannot write this kernel; the message is the short reason claims report."""
+
+
+class KernelClass:
+    """A way of writing kernels; subclasses define ``name`` and ``generate``."""
+
+    name = "kernel"
+
+    def claims(self, kernel: Graph) -> str | None:
+        """None when ``generate(kernel)`` succeeds, else why not."""
+        try:
+            self.generate(kernel)
+        except Refuse as refusal:
+            return str(refusal)
+        except Exception as exc:  # noqa: BLE001 - a generator bug: refuse rather than claim a kernel that cannot be written
+            return f"generator error: {type(exc).__name__}"
+        return None
+
+    def generate(self, kernel: Graph) -> GeneratedKernel:
+        raise NotImplementedError
+
+
+def check_ops(kernel: Graph, allowed: frozenset[Op]) -> None:
+    """Refuse ops outside ``allowed`` and elementwise ops or dtypes the scalar table cannot write."""
+    for node in kernel.nodes:
+        if node.op not in allowed:
+            raise Refuse(f"{node.op.kind.value} op {node.op.value}")
+        in_dtypes = [kernel.tensors[t].dtype for t in node.inputs if t]
+        out_dtypes = [kernel.tensors[t].dtype for t in node.outputs]
+        if not all(d in scalar.TRITON_TYPES for d in in_dtypes + out_dtypes):
+            raise Refuse("unsupported dtype")
+        if node.op in ELEMENTWISE and not scalar.supported(node.op, in_dtypes):
+            raise Refuse(f"no Triton expression for {node.op.value}")
+        if node.op is Op.GATHER and node.inputs[1] not in kernel.constants:
+            raise Refuse("gather with computed indices")
+
+
+def wide_index(kernel: Graph) -> bool:
+    """Whether index arithmetic needs int64 (some tensor has 2**31 elements or more)."""
+    return any(t.numel >= 2**31 for t in kernel.tensors.values())
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()

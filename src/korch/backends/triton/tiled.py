@@ -50,8 +50,8 @@ SIDE_BLOCK = 1024
 # Offsets are int32: a tensor this large would overflow them.
 MAX_ELEMENTS = 2**31 - 1
 CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
-# Each operand tile: its (row, column) variables and its shape.
-OPERAND_TILES = {"a": (("m", "ka"), "(BLOCK_M, BLOCK_K)"), "b": (("kb", "n"), "(BLOCK_K, BLOCK_N)")}
+# Each operand tile: the variables it varies along and its shape (its K variable is k<operand>: ka, kb).
+OPERAND_TILES = {"a": (frozenset({"m", "ka"}), "(BLOCK_M, BLOCK_K)"), "b": (frozenset({"kb", "n"}), "(BLOCK_K, BLOCK_N)")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +138,7 @@ class GemmClass(KernelClass):
         space.add_var("batch", gemm.problems, masked=False)
         for var, extent in (("m", gemm.m), ("n", gemm.n), ("ka", gemm.k), ("kb", gemm.k)):
             space.add_var(var, extent)
-        em = Emitter(kernel, space, {self.op: _product_in_operand})
+        em = Emitter(kernel, space)  # operands and free tensors never reach the product: no handler for it
         free = free_tensors(kernel, node.output)
         side = [name for name in kernel.outputs if name in free]
         tiles = f"num_m * num_n * {gemm.problems}"
@@ -197,19 +197,14 @@ def _block(em: Emitter, header: str | None):
         em.depth -= 1
 
 
-def _product_in_operand(em: Emitter, node: Node, index, cond) -> Val:
-    raise Refuse("an operand depends on the product")
-
-
 def _operand_tile(em: Emitter, which: str, value: Val, inside: Val | None, dtype: str) -> None:
     """The operand variable ``a``/``b``: the full tile, zero where k is masked (and outside ``inside``), in the
     dot dtype. A masked load over the whole tile is zero there already."""
     tile_vars, shape = OPERAND_TILES[which]
-    full = frozenset(tile_vars).issubset(value.vars)
+    full = tile_vars <= value.vars
     code = value.code
     if not (full and code in em.loads):
-        k_var = tile_vars[1] if which == "a" else tile_vars[0]
-        keep = " & ".join([f"{k_var}_mask"] + ([inside.code] if inside else []))
+        keep = " & ".join([f"k{which}_mask"] + ([inside.code] if inside else []))
         code = f"tl.where({keep}, {code}, 0.0)"
         if not full:
             code = f"tl.broadcast_to({code}, {shape})"

@@ -72,7 +72,7 @@ class _Stages:
             self.on_stage(name)
         start = time.perf_counter()
         yield
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+        self.seconds[name] = time.perf_counter() - start
 
 
 def optimize(model, *, output: str | os.PathLike | None = None, target: str | None = None,

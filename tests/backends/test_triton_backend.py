@@ -59,10 +59,10 @@ def test_backend_reports_the_owning_class_refusal_and_build_raises():
 
 
 def test_a_class_that_crashes_while_claiming_only_refuses(monkeypatch):
-    class Broken:
+    class Broken(KernelClass):
         name = "broken"
 
-        def claims(self, kernel):
+        def generate(self, kernel):
             raise KeyError("bug")
 
     monkeypatch.setattr(triton_backend, "MATMUL", Broken())

@@ -1,11 +1,11 @@
 """The Triton backend: picks the kernel class that can write a candidate and builds it as one Triton kernel.
 
 Kernel classes (``matmul``, ``conv``, ``window``, ``reduction``, ``pointwise``)
-are ``KernelClass``es (``kernel_class.py``): ``claims(kernel) -> reason | None``
-and ``generate(kernel)``; the first class that claims a kernel generates it. When none does, the refusal
-reported is that of the class owning the kernel's heaviest op kind (a kernel
-with a reduction reports why the reduction class refused it), which is the
-reason worth counting.
+are ``KernelClass``es (``kernel_class.py``); the first class whose ``attempt``
+writes a kernel claims it, and what it wrote is what ``build`` launches. When
+none does, the refusal reported is that of the class owning the kernel's
+heaviest op kind (a kernel with a reduction reports why the reduction class
+refused it), which is the reason worth counting.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import triton
 
 from korch.backends.base import BuildError
 from korch.backends.triton.conv import CONV
+from korch.backends.triton.generated import GeneratedKernel
 from korch.backends.triton.kernel_class import KernelClass
 from korch.backends.triton.launch import TritonKernel, interpreting
 from korch.backends.triton.matmul import MATMUL
@@ -30,14 +31,6 @@ GENERATOR_VERSION = "2"
 def kernel_classes() -> list[KernelClass]:
     """The kernel classes, most specific first."""
     return [MATMUL, CONV, WINDOW, REDUCTION, POINTWISE]
-
-
-def _refusal(cls: KernelClass, kernel: Graph) -> str | None:
-    """``cls.claims(kernel)``; a class that fails while deciding refuses (one class's bug drops its kernels only)."""
-    try:
-        return cls.claims(kernel)
-    except Exception as exc:  # noqa: BLE001 - any bug of one class only drops its kernels
-        return f"{cls.name} claims failed: {type(exc).__name__}"
 
 
 def _owner(kernel: Graph) -> KernelClass | str:
@@ -65,32 +58,30 @@ class TritonBackend:
     def supports_device(self, device: str) -> bool:
         return device.startswith("cuda") or (device == "cpu" and interpreting())
 
-    def _claiming(self, kernel: Graph):
-        for cls in kernel_classes():
-            if _refusal(cls, kernel) is None:
-                return cls, None
-        owner = _owner(kernel)
-        if isinstance(owner, str):
-            return None, owner
-        return None, _refusal(owner, kernel) or "no kernel class claims it"
-
     def claims(self, kernel: Graph) -> str | None:
-        return self._claiming(kernel)[1]
+        cls, outcome = _attempt(kernel)
+        return None if cls else outcome
 
     def build(self, kernel: Graph, device: str) -> TritonKernel:
-        cls, reason = self._claiming(kernel)
+        cls, outcome = _attempt(kernel)
         if cls is None:
-            raise BuildError(f"Triton backend refuses the kernel: {reason}")
-        try:
-            generated = cls.generate(kernel)
-        except Exception as exc:  # a generator bug drops the kernel, never the run
-            raise BuildError(f"Triton {cls.name} generator failed: {exc}") from exc
-        return TritonKernel(kernel, generated, device)
+            raise BuildError(f"Triton backend refuses the kernel: {outcome}")
+        return TritonKernel(kernel, outcome, device)
+
+
+def _attempt(kernel: Graph) -> tuple[KernelClass | None, GeneratedKernel | str]:
+    """The first class that writes ``kernel`` and what it wrote, or (None, the reason worth reporting)."""
+    refusals = {}
+    for cls in kernel_classes():
+        outcome = cls.attempt(kernel)
+        if not isinstance(outcome, str):
+            return cls, outcome
+        refusals[cls.name] = outcome
+    owner = _owner(kernel)
+    return None, owner if isinstance(owner, str) else refusals[owner.name]
 
 
 def kernel_class_of(kernel: Graph) -> str | None:
     """The name of the kernel class that would generate ``kernel``, None if none claims it."""
-    for cls in kernel_classes():
-        if _refusal(cls, kernel) is None:
-            return cls.name
-    return None
+    cls, _ = _attempt(kernel)
+    return cls.name if cls else None

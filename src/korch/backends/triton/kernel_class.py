@@ -24,15 +24,19 @@ class KernelClass:
 
     name = "kernel"
 
-    def claims(self, kernel: Graph) -> str | None:
-        """None when ``generate(kernel)`` succeeds, else why not."""
+    def attempt(self, kernel: Graph) -> GeneratedKernel | str:
+        """The generated kernel, or why this class cannot write it."""
         try:
-            self.generate(kernel)
+            return self.generate(kernel)
         except Refuse as refusal:
             return str(refusal)
         except Exception as exc:  # noqa: BLE001 - a generator bug: refuse rather than claim a kernel that cannot be written
             return f"generator error: {type(exc).__name__}"
-        return None
+
+    def claims(self, kernel: Graph) -> str | None:
+        """None when ``generate(kernel)`` succeeds, else why not."""
+        outcome = self.attempt(kernel)
+        return outcome if isinstance(outcome, str) else None
 
     def generate(self, kernel: Graph) -> GeneratedKernel:
         raise NotImplementedError

@@ -3,6 +3,8 @@
 import os
 # Generated Triton kernels run in the interpreter on CPUs; set before triton is imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Compiling a whole plan with AOTInductor takes 15-30 s; tests/runtime/test_unit.py turns it on where it is tested.
+os.environ.setdefault("KORCH_COMPILED_UNIT", "0")
 
 import pytest
 

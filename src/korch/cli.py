@@ -115,7 +115,8 @@ def cmd_optimize(args) -> int:
         result = optimize(
             args.model, output=args.output, target=args.target, cost=args.cost, db=args.db, jobs=args.jobs,
             input_shapes=_input_shapes(args.input_shape), time_limit=args.time_limit, cut_points=args.cut_points,
-            max_kernel_nodes=args.max_kernel_nodes, plan_only=args.plan_only, progress=_callbacks(progress, task))
+            max_kernel_nodes=args.max_kernel_nodes, plan_only=args.plan_only,
+            compiled_unit=False if args.kernel_by_kernel else None, progress=_callbacks(progress, task))
     out = args.output
     plan = result.plan
     optimal = all(s.optimal for s in plan.segments)
@@ -135,7 +136,10 @@ def cmd_optimize(args) -> int:
               f"no executable: {why}")
         return 0
     memory = result.manifest["memory"]
-    print(f"executable: {len(plan.kernels)} kernels, planned memory {memory['peak_bytes'] / 2**20:.2f} MiB "
+    runs = result.manifest["runs"]
+    if runs != "compiled unit":
+        runs += f" ({result.manifest['unit']['why_not']})"
+    print(f"executable: {len(plan.kernels)} kernels, {runs}, planned memory {memory['peak_bytes'] / 2**20:.2f} MiB "
           f"(one buffer per tensor: {memory['naive_bytes'] / 2**20:.2f} MiB); "
           f"{result.executable.check.summary()}")
     print(f"wrote {out} (model.py, weights, manifest.json, report.md, report.html); run it with: korch run {out}")
@@ -343,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cut-points", metavar="FILE.toml", help="the Korch paper's cut points instead of automatic ones")
     p.add_argument("--max-kernel-nodes", type=int, metavar="N", help="largest candidate kernel, in primitives")
     p.add_argument("--plan-only", action="store_true", help="write the plan and the reports, no executable")
+    p.add_argument("--kernel-by-kernel", action="store_true",
+                   help="on a CPU, run the kernels one call at a time instead of compiling the plan into one unit")
     p.set_defaults(run=cmd_optimize)
 
     p = sub.add_parser("run", help="run an executable written by korch optimize (and check it with --check)")

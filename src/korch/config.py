@@ -43,6 +43,11 @@ max_kernel_nodes: int = int(os.environ.get("KORCH_MAX_KERNEL_NODES", "8"))
 # whole models (<= 1000 primitives) solve as one exact program in seconds.
 max_segment_nodes: int = int(os.environ.get("KORCH_MAX_SEGMENT_NODES", "2000"))
 
+# On a CPU, compile the whole plan into one AOTInductor package (runtime/unit.py) instead of running its
+# kernels one Python call at a time. Off, `korch optimize` builds faster (no whole-plan compile) and the
+# executable runs kernel by kernel; `--kernel-by-kernel` turns it off for one command.
+compiled_unit: bool = os.environ.get("KORCH_COMPILED_UNIT", "1") != "0"
+
 # Seed of every random input korch makes (checks, shape probes, benchmarks).
 seed: int = int(os.environ.get("KORCH_SEED", "0"))
 

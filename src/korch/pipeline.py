@@ -79,7 +79,7 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
              cost: str = "measured", db: str | os.PathLike | None = None, jobs: int | None = None,
              input_shapes: Mapping[str, Sequence[int]] | None = None, time_limit: float | None = None,
              cut_points: str | None = None, max_kernel_nodes: int | None = None, plan_only: bool = False,
-             progress: Progress | None = None) -> Optimized:
+             compiled_unit: bool | None = None, progress: Progress | None = None) -> Optimized:
     """The optimal plan of ``model`` (a path, ``zoo:NAME`` or a ModelProto) for ``target``, and with
     ``output`` its executable, built, checked against ONNX Runtime and written there.
 
@@ -89,7 +89,9 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     Without ``output`` nothing is built or written. Without the target's device (planning
     for a GPU on a CPU-only machine), or with ``plan_only``, only the plan and the reports
     are written. A mismatch with ONNX Runtime raises ``CheckFailed`` after the reports are
-    written (the directory then has no manifest: nothing loads it).
+    written (the directory then has no manifest: nothing loads it). ``compiled_unit`` (default
+    ``config.compiled_unit``): on a CPU, the executable is the whole plan compiled into one package
+    (``runtime/unit.py``) where it can be.
     """
     from korch import config
     from korch.backends.registry import BackendPredicate, backends_for, device_for
@@ -152,11 +154,26 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
         with stage("write"):
             write_plan(output, plan, _reports(result, None))
         return result
-    return _build_check_write(result, target, device_for(target), Path(output), stage, progress)
+    return _build_check_write(result, target, device_for(target), Path(output), stage, progress,
+                              config.compiled_unit if compiled_unit is None else compiled_unit)
+
+
+def _compile_unit(graph, plan, device: str) -> tuple[bytes | None, str]:
+    """The plan as one compiled unit, or None and why not (a unit that fails to compile is not fatal)."""
+    from korch.runtime import unit
+
+    reason = unit.supports(graph, device)
+    if reason:
+        return None, reason
+    try:
+        return unit.compile_unit(graph, plan, device), ""
+    except Exception as exc:  # Inductor's failures are many: the kernel-by-kernel executable still runs
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return None, f"AOTInductor failed: {type(exc).__name__}: {first}"
 
 
 def _build_check_write(result: Optimized, target: str, device: str, output: Path, stage: _Stages,
-                       progress: Progress) -> Optimized:
+                       progress: Progress, compiled_unit: bool = True) -> Optimized:
     from korch.runtime.assemble import assemble
     from korch.runtime.build import build_plan, recheck
     from korch.runtime.selfcheck import check_against_onnxruntime
@@ -166,16 +183,25 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
     reference_model = onnx.load_from_string(result.reference)
     with stage("build"):
         steps = build_plan(graph, plan, target, device, progress.on_build, check_kernels=False)
-        assembled = assemble(graph, plan, steps, target=target, device=device, reference_model=result.reference)
+    unit, unit_note = None, "not asked for (kernel by kernel)"
+    if compiled_unit:
+        with stage("compile unit"):
+            unit, unit_note = _compile_unit(graph, plan, device)
+    assembled = assemble(graph, plan, steps, target=target, device=device, reference_model=result.reference,
+                         unit=unit, unit_note=unit_note)
     with stage("check"):
         check = check_against_onnxruntime(assembled.executable, reference_model)
+        if not check.ok and unit is not None:  # the unit is wrong: the kernels alone may be right
+            assembled = assemble(graph, plan, steps, target=target, device=device,
+                                 reference_model=result.reference, unit_note=f"the unit {check.summary()}")
+            check = check_against_onnxruntime(assembled.executable, reference_model)
         if not check.ok:  # find the kernels that are wrong, rebuild them with the next backend, check again
             if progress.on_stage:
                 progress.on_stage("check each kernel against the reference executor")
             steps, rebuilt = recheck(assembled.steps, target, device)
             if rebuilt:
                 assembled = assemble(graph, plan, steps, target=target, device=device,
-                                     reference_model=result.reference)
+                                     reference_model=result.reference, unit_note="kernels rebuilt after a check")
                 check = check_against_onnxruntime(assembled.executable, reference_model)
     assembled.manifest["check"] = check.to_json()
     assembled.executable.check = check

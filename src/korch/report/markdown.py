@@ -40,6 +40,11 @@ def _executable(x: dict | None) -> list[str]:
              f"buffers for {memory.get('planned_tensors', 0)} tensors written in place "
              f"(one buffer each: {memory.get('naive_bytes', 0) / 2**20:.2f} MiB)",
              f"- CUDA graph: {'yes' if x.get('cuda_graph') and x.get('device') == 'cuda' else 'no'}"]
+    if x.get("runs") == "compiled unit":
+        lines.append("- runs as **one compiled unit** (the whole plan in one AOTInductor package, `model.pt2`: "
+                     "no Python between kernels; Inductor plans its buffers)")
+    elif x.get("runs"):
+        lines.append(f"- runs kernel by kernel: no compiled unit ({x.get('unit', {}).get('why_not', '')})")
     check = x.get("check")
     if check:
         lines.append(f"- vs ONNX Runtime: **{'matches' if check['ok'] else 'DOES NOT match'}**, max abs error "

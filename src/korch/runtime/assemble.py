@@ -25,6 +25,7 @@ from korch.runtime import bundle
 from korch.runtime.build import BuiltStep
 from korch.runtime.codegen import Layout, launch_module, plan_layout
 from korch.runtime.executable import Executable
+from korch.runtime.unit import UNIT_FILE, CompiledUnit, unit_manifest
 from korch.version import __version__
 
 
@@ -56,8 +57,11 @@ def _capturable(kernels: list[Graph]) -> bool:
 
 
 def assemble(graph: Graph, plan: Plan, steps: Sequence[BuiltStep], *, target: str, device: str,
-             reference_model: bytes) -> Assembled:
-    """The executable of ``plan`` whose kernels ``steps`` built, for ``device``, with its directory's files."""
+             reference_model: bytes, unit: bytes | None = None, unit_note: str = "") -> Assembled:
+    """The executable of ``plan`` whose kernels ``steps`` built, for ``device``, with its directory's files.
+
+    With ``unit`` (the plan compiled into one package, ``runtime/unit.py``) the executable runs it and the
+    directory holds it; ``unit_note`` says why there is none."""
     steps = list(steps)
     in_place = [s.built.in_place for s in steps]
     layout = plan_layout(graph, plan, in_place)
@@ -68,8 +72,11 @@ def assemble(graph: Graph, plan: Plan, steps: Sequence[BuiltStep], *, target: st
     files["plan.json"] = plan.to_bytes()
     files["reference.onnx"] = reference_model
     _check_round_trip(graph, bundle.graph_from_bytes(files["graph.json"], files["weights.npz"]))
+    if unit is not None:
+        files[UNIT_FILE] = unit
     executable = Executable(module_from_source(source), [s.built for s in steps], constant_outputs(graph, device),
-                            device, use_cuda_graph=_capturable([s.kernel for s in steps]))
+                            device, use_cuda_graph=_capturable([s.kernel for s in steps]),
+                            unit=None if unit is None else CompiledUnit.from_bytes(unit))
     memory = layout.memory
     manifest = {
         "model": plan.model, "target": target, "device": device, "versions": bundle.versions(),
@@ -83,6 +90,8 @@ def assemble(graph: Graph, plan: Plan, steps: Sequence[BuiltStep], *, target: st
         "memory": {"buffers": len(memory.buffer_bytes), "planned_tensors": len(memory.assignment),
                    "peak_bytes": memory.peak_bytes, "naive_bytes": memory.naive_bytes},
         "cuda_graph": executable.cuda_graph,
+        "runs": "compiled unit" if unit is not None else "kernel by kernel",
+        "unit": unit_manifest(device) if unit is not None else {"why_not": unit_note},
     }
     executable.manifest = manifest
     return Assembled(executable, steps, layout, files, manifest)

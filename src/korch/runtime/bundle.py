@@ -35,6 +35,8 @@ VERSION = 1
 MANIFEST = "manifest.json"
 # files the loader reads; their checksums are verified before anything runs
 LOADED_FILES = ("model.py", "graph.json", "weights.npz", "plan.json")
+# an executable with a compiled unit loads the unit and the launch module's declarations only
+UNIT_LOADED_FILES = ("model.py", "model.pt2")
 
 
 def _sha256(data: bytes) -> str:
@@ -125,7 +127,8 @@ def read_manifest(outdir: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
                          "run korch optimize again")
     files = manifest.get("files", {})
     verified = {}
-    for name in (*LOADED_FILES, *(["reference.onnx"] if "reference.onnx" in files else [])):
+    loaded = UNIT_LOADED_FILES if manifest.get("runs") == "compiled unit" else LOADED_FILES
+    for name in (*loaded, *(["reference.onnx"] if "reference.onnx" in files else [])):
         if name not in files:
             raise KorchError(f"{outdir} is incomplete: the manifest lists no {name}")
         try:

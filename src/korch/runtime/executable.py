@@ -12,6 +12,10 @@ On CUDA the launch sequence is captured in a CUDA graph after warm-up and
 replayed from then on (inputs copied into the captured input tensors); a
 sequence that cannot be captured (an opaque primitive runs in ONNX Runtime on
 the CPU) runs kernel by kernel, and ``cuda_graph`` says which.
+
+With a compiled unit (``runtime/unit.py``: the whole plan in one AOTInductor
+package) the unit runs instead of ``launch``: no Python between kernels, and
+its outputs are fresh tensors, returned without a copy.
 """
 
 from __future__ import annotations
@@ -30,21 +34,24 @@ WARMUP_CALLS = 2
 
 class Executable:
     def __init__(self, module: types.ModuleType, kernels: Sequence, constants: Mapping[str, torch.Tensor],
-                 device: str, *, manifest: dict | None = None, use_cuda_graph: bool = True):
+                 device: str, *, manifest: dict | None = None, use_cuda_graph: bool = True, unit=None):
         self.module, self.kernels, self.device = module, list(kernels), torch.device(device)
+        self.unit = unit  # runtime.unit.CompiledUnit, or None: kernel by kernel
         self.manifest = manifest or {}
         self.check = None  # the ModelCheck against ONNX Runtime, when this process made one
         self.input_names = [name for name, _, _ in module.INPUTS]
         self.output_names = [name for name, _, _ in module.OUTPUTS]
         self.input_specs = {name: (tuple(shape), dtype) for name, shape, dtype in module.INPUTS}
-        buffers = [torch.empty(n, dtype=torch.uint8, device=self.device) for n in module.BUFFER_BYTES]
-        self._slots = [_view(buffers[b], shape, dtype) for _, b, shape, dtype in module.SLOTS]
+        buffers = [] if unit is not None else [torch.empty(n, dtype=torch.uint8, device=self.device)
+                                                for n in module.BUFFER_BYTES]
+        self._slots = [] if unit is not None else [_view(buffers[b], shape, dtype)
+                                                   for _, b, shape, dtype in module.SLOTS]
         self._constants = dict(constants)
         self._calls = 0
         self._graph: torch.cuda.CUDAGraph | None = None
         self._static_inputs: list[torch.Tensor] = []
         self._static_outputs: tuple[torch.Tensor, ...] = ()
-        self.cuda_graph = use_cuda_graph and self.device.type == "cuda"
+        self.cuda_graph = use_cuda_graph and self.device.type == "cuda" and unit is None
 
     # -- calling -------------------------------------------------------------------------
 
@@ -69,6 +76,8 @@ class Executable:
 
     def _launch(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         with torch.inference_mode():
+            if self.unit is not None:
+                return self.unit(*inputs)
             if self.cuda_graph and self._calls >= WARMUP_CALLS:
                 outputs = self._replay(inputs)
             else:

@@ -1,9 +1,12 @@
-"""Reading an executable's directory back: ``load`` checks it, rebuilds its kernels and returns the callable.
+"""Reading an executable's directory back: ``load`` checks it, opens or rebuilds its kernels, returns the callable.
 
 The manifest and the checksums of the files it loads are verified first
-(``bundle.read_manifest``); the kernels are built again from their kernel
-graphs by the backends the manifest names (the compilers' caches make this
-quick) and must write their outputs the way they did when checked.
+(``bundle.read_manifest``). An executable with a compiled unit opens it
+(``runtime/unit.py``: nothing is compiled; a unit built for another torch or
+CPU instruction set is a one-line error naming what to do). Otherwise the
+kernels are built again from their kernel graphs by the backends the manifest
+names (the compilers' caches make this quicker) and must write their outputs
+the way they did when checked.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 from korch.cost.devices import get_device
 from korch.errors import KorchError
 from korch.orchestrate.plan import Plan
-from korch.runtime import bundle
+from korch.runtime import bundle, unit
 from korch.runtime.assemble import constant_outputs, module_from_source
 from korch.runtime.build import kernel_graphs, rebuild
 from korch.runtime.executable import Executable
@@ -36,9 +39,11 @@ def load(outdir: str | os.PathLike, device: str | None = None, target: str | Non
                          f"run korch optimize --target for that device")
     if built_for == "cuda" and not torch.cuda.is_available():
         raise KorchError(f"{outdir} was built for {manifest['target']} (CUDA), and no CUDA device is present")
+    module = module_from_source(files["model.py"].decode())
+    if manifest.get("runs") == "compiled unit":
+        return _load_unit(outdir, manifest, files, module)
     graph = bundle.graph_from_bytes(files["graph.json"], files["weights.npz"])
     plan = Plan.from_bytes(files["plan.json"])
-    module = module_from_source(files["model.py"].decode())
     if len(plan.kernels) != len(manifest["kernels"]):
         raise KorchError(f"{outdir}: plan.json and the manifest disagree on the kernels: run korch optimize again")
     _warn_on_new_versions(manifest.get("versions", {}), outdir)
@@ -51,6 +56,14 @@ def load(outdir: str | os.PathLike, device: str | None = None, target: str | Non
         built.append(k)
     return Executable(module, built, constant_outputs(graph, built_for), built_for, manifest=manifest,
                       use_cuda_graph=manifest.get("cuda_graph", True))
+
+
+def _load_unit(outdir: Path, manifest: dict, files: dict[str, bytes], module) -> Executable:
+    unit.check_compatible(manifest.get("unit", {}), str(outdir))
+    _warn_on_new_versions(manifest.get("versions", {}), outdir)
+    # the launch module's declarations (inputs, outputs) describe the executable; the unit computes it
+    return Executable(module, [], {}, manifest["device"], manifest=manifest,
+                      unit=unit.CompiledUnit.from_bytes(files[unit.UNIT_FILE]))
 
 
 def _warn_on_new_versions(built_with: dict, outdir: Path) -> None:

@@ -1,0 +1,186 @@
+"""One compiled unit per executable: a whole plan compiled ahead of time by AOTInductor, kernel by kernel.
+
+Calling each planned kernel from Python costs a Python call and a library
+dispatch per kernel (tens of microseconds on a CPU), which the plan's costs do
+not include. Here the plan becomes one torch module (every planned kernel's
+primitives, in plan order, each kernel's operations annotated with its index,
+``torch.fx.traceback.annotate``), exported and compiled by AOTInductor into a
+``.pt2`` package: one shared library whose C++ wrapper calls the kernels and
+the vendor libraries (oneDNN, MKL through ATen) with no Python between them,
+plus the weights. ``torch._inductor.aoti_load_package`` opens it without a
+compiler.
+
+Inductor must compile the plan korch chose, not a plan of its own: while the
+unit compiles, ``kernel_boundaries`` makes Inductor keep every kernel's
+outputs in memory (it realizes a value where its reader belongs to another
+kernel, as Inductor does at its own stream boundaries) and never fuse loops of
+two kernels. Within a kernel Inductor fuses as it does when it builds that
+kernel alone, so the unit runs what the plan priced.
+
+Opaque primitives (run in ONNX Runtime) and GPU targets (korch's Triton
+kernels, CUDA graphs) keep the kernel-by-kernel executable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from korch.backends.torch_ops import node_function
+from korch.errors import KorchError
+from korch.ir.graph import Graph
+from korch.ir.interpret import as_torch
+from korch.ir.ops import Op
+from korch.orchestrate.plan import Plan
+
+UNIT_FILE = "model.pt2"
+_TAG = "korch_kernel"
+
+
+def supports(graph: Graph, device: str) -> str | None:
+    """None when ``graph`` can run as one compiled unit on ``device``, else why not."""
+    if device != "cpu":
+        return "compiled units are built for CPUs (GPU executables replay CUDA graphs of korch's kernels)"
+    if any(node.op is Op.OPAQUE for node in graph.nodes):
+        return "an opaque primitive runs in ONNX Runtime"
+    return None
+
+
+class PlanModule(torch.nn.Module):
+    """The plan as one torch module: graph inputs in, graph outputs out, each kernel's operations tagged."""
+
+    def __init__(self, graph: Graph, plan: Plan, device: str = "cpu"):
+        super().__init__()
+        self._constant_attr = {}
+        for i, (name, value) in enumerate(graph.constants.items()):
+            attr = f"c{i}_{re.sub(r'[^0-9A-Za-z_]', '_', name)[:40]}"
+            self.register_buffer(attr, as_torch(value).to(device), persistent=True)
+            self._constant_attr[name] = attr
+        nodes = {node.name: node for node in graph.nodes}
+        self._kernels = [[(node_function(graph, nodes[n], device), nodes[n].inputs, nodes[n].outputs)
+                          for n in k.nodes] for k in plan.kernels]
+        self._inputs, self._outputs = list(graph.inputs), list(graph.outputs)
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        env = {name: getattr(self, attr) for name, attr in self._constant_attr.items()}
+        env.update(zip(self._inputs, inputs))
+        for i, steps in enumerate(self._kernels):
+            with torch.fx.traceback.annotate({_TAG: i}):
+                for fn, ins, outs in steps:
+                    env.update(zip(outs, fn(*[env[n] if n else None for n in ins])))
+        # a graph output may be an input or a constant: outputs are fresh tensors the caller owns
+        return tuple(env[n] if n not in self._constant_attr and n not in self._inputs else env[n].clone()
+                     for n in self._outputs)
+
+
+def _kernel_of(fx_node: torch.fx.Node):
+    return fx_node.meta.get("custom", {}).get(_TAG)
+
+
+@contextlib.contextmanager
+def kernel_boundaries() -> Iterator[None]:
+    """While active, Inductor keeps planned kernels apart (see the module docstring)."""
+    from torch._inductor import ir
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.scheduler import Scheduler
+
+    run_node, can_fuse = GraphLowering.run_node, Scheduler._can_fuse_impl
+
+    def realizing_run_node(self, n):
+        kernel = _kernel_of(n)
+        for source in n.all_input_nodes:
+            if _kernel_of(source) != kernel:
+                value = self.env.get(source)
+                if isinstance(value, ir.TensorBox):
+                    value.realize()
+        return run_node(self, n)
+
+    def kernels(snode) -> set:
+        return {_kernel_of(origin) for s in snode.get_nodes() if s.node is not None
+                for origin in s.node.get_origins()} - {None}
+
+    def same_kernel_fuse(self, a, b, *args, **kwargs):
+        if len(kernels(a) | kernels(b)) > 1:
+            return False
+        return can_fuse(self, a, b, *args, **kwargs)
+
+    GraphLowering.run_node, Scheduler._can_fuse_impl = realizing_run_node, same_kernel_fuse
+    try:
+        # the FX graph cache's key knows nothing of these patches: a graph compiled without them must not
+        # answer for one compiled with them, nor the other way round
+        with torch._inductor.config.patch(fx_graph_cache=False):
+            yield
+    finally:
+        GraphLowering.run_node, Scheduler._can_fuse_impl = run_node, can_fuse
+
+
+def example_inputs(graph: Graph, device: str) -> tuple[torch.Tensor, ...]:
+    from korch.backends.check import random_inputs
+
+    return tuple(x.to(device) for x in random_inputs(graph))
+
+
+def compile_unit(graph: Graph, plan: Plan, device: str = "cpu") -> bytes:
+    """The plan compiled into one AOTInductor package (the bytes of ``model.pt2``)."""
+    reason = supports(graph, device)
+    if reason:
+        raise KorchError(f"no compiled unit: {reason}")
+    module = PlanModule(graph, plan, device).eval()
+    inputs = example_inputs(graph, device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside export
+        with torch.inference_mode(False), torch.no_grad(), torch.fx.traceback.preserve_node_meta():
+            exported = torch.export.export(module, inputs)
+    with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, kernel_boundaries():
+        path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))
+        return Path(path).read_bytes()
+
+
+def unit_manifest(device: str = "cpu") -> dict:
+    """What a unit was built for: a unit runs only with the same torch and CPU instruction set."""
+    return {"file": UNIT_FILE, "compiler": "AOTInductor", "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "device": device}
+
+
+def check_compatible(recorded: dict, where: str) -> None:
+    """A one-line error when the unit ``recorded`` in a manifest cannot run here (see ``unit_manifest``)."""
+    here = unit_manifest(recorded.get("device", "cpu"))
+    for key, what in (("torch", "torch"), ("cpu_capability", "CPU instruction set")):
+        if recorded.get(key) != here[key]:
+            raise KorchError(f"{where}: its compiled unit was built for {what} {recorded.get(key)}, this machine "
+                             f"has {here[key]}: run korch optimize again here")
+
+
+class CompiledUnit:
+    """A loaded ``model.pt2``: ``unit(*inputs) -> tuple of outputs`` (fresh tensors).
+
+    The package's loader is called directly (``torch._C._aoti``): ``torch._inductor.aoti_load_package``
+    would import Inductor and Dynamo (1.5 s) and flatten the arguments with pytree on every call, and a
+    unit's inputs and outputs are already flat tuples of tensors.
+    """
+
+    def __init__(self, package: str | os.PathLike):
+        try:
+            self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+        except Exception as exc:  # a package torch cannot open: a damaged or foreign file
+            raise KorchError(f"{package}: cannot load the compiled unit ({type(exc).__name__}): "
+                             "run korch optimize again") from None
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self._loader.boxed_run(list(inputs)))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "CompiledUnit":
+        # the loader unpacks the package into a directory of its own, so the file can go once loaded
+        with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp:
+            path = Path(tmp) / UNIT_FILE
+            path.write_bytes(data)
+            return cls(path)
+

@@ -1,0 +1,149 @@
+"""The compiled unit: a whole CPU plan in one AOTInductor package that loads without compiling, keeps korch's
+kernels apart, and refuses (one line, exit 2) a damaged package or one built for another torch or CPU."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from korch import config
+from korch.pipeline import optimize
+from korch.runtime import unit
+from tests.runtime.test_executable import _two_output_model
+from tests.test_cli import assert_one_line_error
+
+UNIT_ON = {**os.environ, "KORCH_COMPILED_UNIT": "1"}
+
+
+def korch(*args):
+    return subprocess.run([sys.executable, "-m", "korch", *map(str, args)], capture_output=True, text=True,
+                          timeout=600, env=UNIT_ON)
+
+
+@pytest.fixture(scope="module")
+def unit_dir(tmp_path_factory):
+    import onnx
+
+    root = tmp_path_factory.mktemp("unit")
+    onnx.save(_two_output_model(), root / "m.onnx")
+    result = korch("optimize", root / "m.onnx", "-o", root / "out", "--target", "cpu", "--cost", "roofline", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "compiled unit" in result.stdout and "matches ONNX Runtime" in result.stdout
+    return root / "out"
+
+
+def test_optimize_writes_the_plan_as_one_checked_unit(unit_dir):
+    manifest = json.loads((unit_dir / "manifest.json").read_text())
+    assert manifest["runs"] == "compiled unit" and manifest["check"]["ok"]
+    assert manifest["unit"]["torch"] == torch.__version__
+    assert manifest["files"][unit.UNIT_FILE] == hashlib.sha256((unit_dir / unit.UNIT_FILE).read_bytes()).hexdigest()
+    assert "one compiled unit" in (unit_dir / "report.md").read_text()
+
+
+def test_load_compiles_nothing_and_matches_onnx_runtime(unit_dir):
+    """Loading and calling a unit imports neither Inductor nor Dynamo: nothing is compiled."""
+    script = f"""
+import sys, numpy as np, onnx, korch
+from korch.ir.ort import run_model
+exe = korch.load({str(unit_dir)!r})
+assert exe.unit is not None and exe.kernels == []
+x = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(np.float32)
+got = exe.run({{"x": x}})
+want = run_model(onnx.load({str(unit_dir / 'reference.onnx')!r}), {{"x": x}})
+for name in ("p", "y"):
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+print("compilers imported:", sorted(m for m in ("torch._inductor", "torch._dynamo") if m in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "compilers imported: []" in result.stdout
+
+
+def test_run_check_passes(unit_dir):
+    result = korch("run", unit_dir, "--check")
+    assert result.returncode == 0, result.stderr
+    assert "matches ONNX Runtime" in result.stdout
+
+
+def _copy(unit_dir, tmp_path):
+    d = tmp_path / "copy"
+    shutil.copytree(unit_dir, d)
+    return d
+
+
+def test_a_damaged_unit_is_a_one_line_error(unit_dir, tmp_path):
+    d = _copy(unit_dir, tmp_path)
+    data = bytearray((d / unit.UNIT_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (d / unit.UNIT_FILE).write_bytes(bytes(data))
+    assert_one_line_error(korch("run", d), "model.pt2", "corrupted")
+
+
+@pytest.mark.parametrize("key, value, needle", [("torch", "2.0.0", "torch 2.0.0"),
+                                                ("cpu_capability", "AVX512", "CPU instruction set AVX512")])
+def test_a_unit_built_elsewhere_is_a_one_line_error(unit_dir, tmp_path, key, value, needle):
+    d = _copy(unit_dir, tmp_path)
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest["unit"][key] = value
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    assert_one_line_error(korch("run", d), needle, "run korch optimize again")
+
+
+def test_kernel_by_kernel_on_request(tmp_path):
+    import onnx
+
+    onnx.save(_two_output_model(), tmp_path / "m.onnx")
+    result = korch("optimize", tmp_path / "m.onnx", "-o", tmp_path / "out", "--target", "cpu", "--cost", "roofline",
+                   "-q", "--kernel-by-kernel")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["runs"] == "kernel by kernel" and unit.UNIT_FILE not in manifest["files"]
+    assert not (tmp_path / "out" / unit.UNIT_FILE).exists()
+
+
+def test_an_opaque_primitive_keeps_the_kernel_by_kernel_executable(tmp_path):
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Det", ["r"], ["d"]),
+             helper.make_node("Neg", ["d"], ["y"])]
+    graph = helper.make_graph(nodes, "opaque", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4, 3, 3))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4,))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.warns(UserWarning, match="Det"), config.patch(compiled_unit=True):
+        compiled = optimize(model, output=tmp_path / "out", target="cpu", cost="roofline")
+    assert compiled.executable.check.ok and compiled.executable.unit is None
+    assert compiled.manifest["runs"] == "kernel by kernel"
+    assert "ONNX Runtime" in compiled.manifest["unit"]["why_not"]
+
+
+def _stores(code: str) -> int:
+    return code.count(".store(") + code.count("] = tmp")
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_inductor_keeps_planned_kernels_apart(bounded):
+    """Two pointwise kernels in a row: Inductor alone fuses them into one loop that stores once; within
+    ``kernel_boundaries`` the first kernel's output is stored and read back by the second."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.utils import run_and_get_code
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.traceback import annotate, preserve_node_meta
+
+    def two_kernels(x):
+        with annotate({"korch_kernel": 0}):
+            r = torch.relu(x * 2.0 + 1.0)
+        with annotate({"korch_kernel": 1}):
+            return (torch.exp(r) - 3.0,)
+
+    x = torch.randn(256)
+    with preserve_node_meta():
+        gm = make_fx(two_kernels)(x)
+    with unit.kernel_boundaries() if bounded else torch.no_grad():
+        _, codes = run_and_get_code(lambda: compile_fx(gm, [x])(x))
+    stores = sum(_stores(code) for code in codes)
+    assert stores == (2 if bounded else 1), codes

@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
+	# onnx2torch gives `korch bench` its torch peers for ONNX files; without --no-deps it pulls
+	# torchvision, whose PyPI wheel is a CUDA build that asks for another torch (korch needs none of it)
+	$(PY) -m pip install -q --no-deps 'onnx2torch>=1.5'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -36,7 +36,7 @@ def run_model(name: str, target: str, cost: str, db: str | None, peers: list[str
         start = time.perf_counter()
         compiled = optimize(f"zoo:{name}", output=out, target=target, cost=cost, db=db, jobs=jobs)
         optimize_s = time.perf_counter() - start
-        result = bench.bench(compiled.executable, model=f"zoo:{name}", graph=compiled.graph,
+        result = bench.bench(compiled.executable, model=f"zoo:{name}",
                              reference_model=compiled.reference, peers=peers, target=target,
                              budget_s=budget)
     plan = compiled.plan

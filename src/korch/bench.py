@@ -10,8 +10,11 @@ runs, CUDA events on a GPU). The peers:
 * ``ort``: ONNX Runtime on the ONNX model, all graph optimizations on.
 
 The PyTorch peers need the model as a torch module: a zoo model's own module,
-the module given to the Python API, else (a plain ONNX file) the primitive
-graph as a torch function, which the table marks ``(primitives)``.
+the module given to the Python API, else (a plain ONNX file) the original ONNX
+graph converted to torch by ``onnx2torch``, which the table marks
+``(onnx2torch)``. A model ``onnx2torch`` cannot convert has no PyTorch peers:
+they are listed as failed with its reason, never replaced by korch's own
+primitives (no user runs those).
 """
 
 from __future__ import annotations
@@ -80,8 +83,9 @@ def device_description(device: str) -> str:
     return f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
 
 
-def torch_module_for(model, graph, device: str) -> tuple[torch.nn.Module, str]:
-    """The model as a torch module on ``device``: its own module where korch has it, else the primitive graph."""
+def torch_module_for(model, reference_model: bytes, device: str) -> tuple[torch.nn.Module, str]:
+    """The model as a torch module on ``device``: its own module where korch has it, else the ONNX graph
+    converted by onnx2torch (``KorchError`` when it cannot be)."""
     if isinstance(model, torch.nn.Module):
         return model.to(device).eval(), ""
     if isinstance(model, str) and model.startswith("zoo:"):
@@ -89,18 +93,55 @@ def torch_module_for(model, graph, device: str) -> tuple[torch.nn.Module, str]:
 
         module, _ = zoo.build(model.removeprefix("zoo:"))
         return module.to(device).eval(), ""
-    from korch.backends.torch_ops import kernel_function
+    import onnx
 
-    class Primitives(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fn = kernel_function(graph, device)
+    convert = _onnx2torch_convert()
+    try:
+        module = convert(onnx.load_from_string(reference_model))
+    except Exception as exc:  # an operator or opset onnx2torch does not know
+        raise KorchError(f"onnx2torch cannot convert the model: {type(exc).__name__}: "
+                         f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+    return module.to(device).eval(), "(onnx2torch)"
 
-        def forward(self, *xs):
-            out = self.fn(*xs)
-            return out[0] if len(out) == 1 else tuple(out)
 
-    return Primitives(), "(primitives)"
+def _onnx2torch_convert():
+    """``onnx2torch.convert``. onnx2torch imports torchvision for its NMS and RoIAlign converters only; where
+    torchvision is missing or broken (its CUDA wheels do not load with the CPU torch), those two converters
+    get a stand-in that fails when a model uses them, and every other operator converts."""
+    import importlib
+    import sys
+    import types
+
+    try:
+        import onnx2torch
+
+        return onnx2torch.convert
+    except ModuleNotFoundError as exc:
+        if exc.name == "onnx2torch":
+            raise KorchError("the PyTorch peers of an ONNX file need onnx2torch: pip install --no-deps onnx2torch")
+    except Exception:  # a torchvision that is installed but does not load
+        pass
+    for name in [m for m in sys.modules if m == "onnx2torch" or m.startswith("onnx2torch.")
+                 or m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+
+    def missing(*args, **kwargs):
+        raise KorchError("this model needs torchvision (NMS or RoIAlign), which does not load here")
+
+    ops = types.ModuleType("torchvision.ops")
+    ops.nms = ops.roi_align = ops.box_convert = missing
+    stand_in = types.ModuleType("torchvision")
+    stand_in.ops = ops
+    saved = {m: sys.modules.get(m) for m in ("torchvision", "torchvision.ops")}
+    sys.modules.update({"torchvision": stand_in, "torchvision.ops": ops})
+    try:
+        return importlib.import_module("onnx2torch").convert
+    finally:  # nothing else in the process sees the stand-in
+        for m, module in saved.items():
+            if module is None:
+                sys.modules.pop(m, None)
+            else:
+                sys.modules[m] = module
 
 
 def _peer(name: str, module: torch.nn.Module, reference_model: bytes) -> Callable[[Sequence[torch.Tensor]], object]:
@@ -129,7 +170,7 @@ def time_system(name: str, fn: Callable[[Sequence[torch.Tensor]], object], input
     return SystemTiming(name, t.median_s, t.min_s, t.runs, note)
 
 
-def bench(executable, *, model, graph, reference_model: bytes, peers: Sequence[str], target: str,
+def bench(executable, *, model, reference_model: bytes, peers: Sequence[str], target: str,
           feeds: Mapping[str, np.ndarray] | None = None, budget_s: float = BUDGET_S,
           on_system: Callable[[str], None] | None = None) -> BenchResult:
     """Time ``executable`` and each peer on the same (seeded) inputs; a peer that fails is named, not fatal."""
@@ -142,11 +183,19 @@ def bench(executable, *, model, graph, reference_model: bytes, peers: Sequence[s
     if on_system:
         on_system("korch")
     korch = time_system("korch", lambda xs: executable(*xs), inputs, device, budget_s)
-    module, note = (None, "") if set(peers) <= {"ort"} else torch_module_for(model, graph, device)
+    module, note, module_error = None, "", None
+    if not set(peers) <= {"ort"}:
+        try:
+            module, note = torch_module_for(model, reference_model, device)
+        except KorchError as exc:
+            module_error = str(exc)
     timings, failed = [], {}
     for name in peers:
         if on_system:
             on_system(name)
+        if name != "ort" and module is None:
+            failed[name] = module_error
+            continue
         try:
             fn = _peer(name, module, reference_model)
             timings.append(time_system(name, fn, inputs, device, budget_s,

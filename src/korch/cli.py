@@ -231,8 +231,8 @@ def cmd_bench(args) -> int:
                              progress=_callbacks(progress, task))
         if optimized.executable is None:
             raise KorchError(f"korch bench runs on the target's device; no {optimized.plan.target} here")
-        executable, graph = optimized.executable, optimized.graph
-        result = bench.bench(executable, model=args.model, graph=graph, reference_model=optimized.reference,
+        executable = optimized.executable
+        result = bench.bench(executable, model=args.model, reference_model=optimized.reference,
                              peers=peers, target=executable.manifest["target"], budget_s=args.budget,
                              on_system=lambda n: progress.update(task, description=f"time {n}"))
     _print_bench(result)

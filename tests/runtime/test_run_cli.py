@@ -90,6 +90,8 @@ def test_bench_prints_ratios_writes_json_and_the_report(outdir, tmp_path):
     data = json.loads((tmp_path / "b.json").read_text())
     assert data["korch"]["median_s"] > 0 and set(data["speedup"]) == {"eager", "compile", "ort"}
     assert all(p["runs"] >= 10 for p in data["peers"])
+    # an ONNX file's torch peers run its own graph (onnx2torch), never korch's primitives
+    assert {p["name"]: p["note"] for p in data["peers"]}["eager"] == "(onnx2torch)"
     assert 'id="benchmark"' in (tmp_path / "b" / "report.html").read_text()
 
 

@@ -63,7 +63,7 @@ def test_measured_plan_then_database_hit(tmp_path):
     assert all(k.measured and k.backend in ("inductor", "library") for k in first.plan.kernels)
     assert all(k.cost_s >= k.bound_s for k in first.plan.kernels)
     rows = ProfileDB(db).stats()["rows"]
-    assert rows == m["kernels_measured"]
+    assert rows == m["kernels_measured"] + 2  # and the calling cost of each CPU backend (inductor, library)
 
     second = optimize(_model(), target="cpu", cost="measured", db=db, jobs=1, max_kernel_nodes=3)
     m2 = second.plan.stats["measurement"]
@@ -97,3 +97,33 @@ def test_parallel_workers_build_and_check(tmp_path):
     result = optimize(_model(), target="cpu", cost="measured", db=tmp_path / "p.sqlite", jobs=2, max_kernel_nodes=2)
     m = result.plan.stats["measurement"]
     assert m["kernels_measured"] > 0 and not m["failures"]
+
+
+def test_the_solver_sees_measured_latency_less_the_calling_cost(monkeypatch, tmp_path):
+    """Kernels are timed through a Python call the executable does not make; that cost, measured once per
+    backend, comes off every latency the solver sees (never below zero)."""
+    import dataclasses
+
+    from korch.backends.db import Record
+    from korch.pipeline import load_model
+
+    asked = []
+    monkeypatch.setattr(measure, "calling_cost_s", lambda backend, device: asked.append(backend.name) or 2e-5)
+    _, graph, _ = load_model(_model())
+    db = ProfileDB(tmp_path / "p.sqlite")
+    measurer = measure.KernelMeasurer(graph, [], [], target="cpu", db=db)
+    record = Record(signature="s", device="cpu", backend="library", backend_version="1", status="ok",
+                    latency_s=5e-5)
+    assert measurer.in_place_s(record) == pytest.approx(3e-5)
+    assert measurer.in_place_s(dataclasses.replace(record, latency_s=1e-5)) == 0.0
+    assert asked == ["library"]
+    # kept in the database: another measurer (another run) uses the same cost, so the same plan
+    again = measure.KernelMeasurer(graph, [], [], target="cpu", db=db)
+    assert again.in_place_s(record) == pytest.approx(3e-5) and asked == ["library"]
+
+
+@pytest.mark.parametrize("backend", [registry.LibraryBackend(), registry.InductorBackend()])
+def test_calling_cost_is_measured_on_an_empty_kernel(backend):
+    kernel = measure.empty_kernel()
+    assert backend.claims(kernel) is None
+    assert 0.0 < measure.calling_cost_s(backend, "cpu") < 0.01

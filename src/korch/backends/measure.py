@@ -13,6 +13,14 @@ failure is kept, with its reason, for the report.
 Builds and checks run in parallel worker processes (``jobs``); they fill the
 compilers' on-disk caches, so the main process rebuilds from cache and times
 kernels one at a time (timings taken in parallel would disturb each other).
+
+A kernel is timed through its Python call (a compiled Inductor function, a
+torch operator), a path the executable does not take: a CPU executable is one
+compiled unit (0.1 us per kernel), a GPU one replays a CUDA graph. So each
+backend's calling cost is measured once, on a kernel that does nothing (one
+negation of one element), and the latency the solver sees is the measured
+one less that cost (the database keeps what was measured, and the calling cost
+under its own signature).
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ from korch.backends.db import ProfileDB, Record
 from korch.backends.registry import backends_for, device_for
 from korch.backends.timing import rotation_sets, time_kernel
 from korch.cost.devices import get_device
-from korch.ir.graph import Graph
+from korch.ir.graph import Graph, Node, Tensor
+from korch.ir.ops import Op
 from korch.ir.subgraph import extract
 
 
@@ -116,6 +125,7 @@ class KernelMeasurer:
         self._kernels: dict[str, tuple[Graph, list[Backend]]] = {}  # signature -> kernel graph, claiming backends
         self.stats = MeasureStats()
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._calling_s: dict[str, float] = {}  # backend -> its calling cost (see the module docstring)
 
     # -- the oracle ---------------------------------------------------------------------
 
@@ -129,7 +139,7 @@ class KernelMeasurer:
         result = {}
         for c in candidate_ids:
             record = self.best[self.candidates[c].signature]
-            latency = math.inf if record is None else record.latency_s
+            latency = math.inf if record is None else self.in_place_s(record)
             if latency < self.bounds[c]:
                 self.stats.below_bound += 1
                 latency = self.bounds[c]
@@ -145,6 +155,29 @@ class KernelMeasurer:
         complete = {s for s, records in found.items() if records and
                     {b.name for b in self._claimed(s, representative[s])[1]} <= {r.backend for r in records}}
         return self.measure([c for c in candidate_ids if self.candidates[c].signature in complete])
+
+    def in_place_s(self, record: Record) -> float:
+        """The latency of a measured kernel as the executable runs it: measured, less its calling cost."""
+        return max(record.latency_s - self.calling_s(record.backend), 0.0)
+
+    def calling_s(self, backend_name: str) -> float:
+        """What calling a kernel of this backend costs the timer beyond the kernel's work: measured once per
+        device and backend version and kept in the database, so that the same measurements give the same plan."""
+        if backend_name not in self._calling_s:
+            backend = next((b for b in self.backends if b.name == backend_name), None)
+            if backend is None:
+                return 0.0
+            version = {backend_name: self.versions[backend_name]}
+            known = [r for r in self.db.lookup([CALLING_COST], self.device_key, version)[CALLING_COST] if r.ok]
+            if known:
+                self._calling_s[backend_name] = known[0].latency_s
+            else:
+                seconds = calling_cost_s(backend, self.device)
+                self.db.put([Record(signature=CALLING_COST, device=self.device_key, backend=backend_name,
+                                    backend_version=self.versions[backend_name], status="ok", latency_s=seconds,
+                                    message="calling cost: the median time of an empty kernel")])
+                self._calling_s[backend_name] = seconds
+        return self._calling_s[backend_name]
 
     def record_for(self, candidate_id: int) -> Record | None:
         return self.best.get(self.candidates[candidate_id].signature)
@@ -183,7 +216,7 @@ class KernelMeasurer:
         for r in records:
             found[r.signature].append(r)
         for s in signatures:
-            ok = sorted((r for r in found[s] if r.ok), key=lambda r: r.latency_s)
+            ok = sorted((r for r in found[s] if r.ok), key=self.in_place_s)
             self.best[s] = ok[0] if ok else None
             self.stats.failures += [Failure(s, _ops(kernels[s]), r.backend, r.status, r.message)
                                     for r in found[s] if not r.ok]
@@ -228,6 +261,32 @@ class KernelMeasurer:
             variant = {"variant": built.variant.describe()}
         seconds = time_kernel(lambda i: built(*sets[i]), device=self.device, rotate=len(sets)).median_s
         return seconds, variant, built.launches
+
+
+# The database signature under which a backend's calling cost is kept (no candidate has it: theirs are hashes).
+CALLING_COST = "calling-cost"
+
+
+def empty_kernel() -> Graph:
+    """A kernel that does nothing measurable: one negation of one float."""
+    graph = Graph(name="empty")
+    graph.add_tensor(Tensor(name="x", shape=(1,), dtype="float32"))
+    graph.add_tensor(Tensor(name="y", shape=(1,), dtype="float32"))
+    graph.nodes.append(Node(op=Op.NEG, inputs=("x",), outputs=("y",), name="y"))
+    graph.inputs, graph.outputs = ["x"], ["y"]
+    return graph
+
+
+def calling_cost_s(backend: Backend, device: str) -> float:
+    """The median time of ``backend``'s build of ``empty_kernel``, timed as kernels are (0 if it cannot
+    build one: nothing is subtracted)."""
+    kernel = empty_kernel()
+    try:
+        built = backend.build(kernel, device)
+        x = [t.to(device) for t in random_inputs(kernel)]
+        return time_kernel(lambda i: built(*x), device=device).median_s
+    except Exception:  # a backend that builds or runs no such kernel: its kernels keep their measured latency
+        return 0.0
 
 
 def _ops(kernel: Graph) -> str:

@@ -135,12 +135,12 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu") -> bytes:
     module = PlanModule(graph, plan, device).eval()
     inputs = example_inputs(graph, device)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside export
+        warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside export and AOTInductor
         with torch.inference_mode(False), torch.no_grad(), torch.fx.traceback.preserve_node_meta():
             exported = torch.export.export(module, inputs)
-    with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, kernel_boundaries():
-        path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))
-        return Path(path).read_bytes()
+        with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, kernel_boundaries():
+            path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))
+            return Path(path).read_bytes()
 
 
 def unit_manifest(device: str = "cpu") -> dict:

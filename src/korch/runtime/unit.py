@@ -17,6 +17,12 @@ kernel, as Inductor does at its own stream boundaries) and never fuse loops of
 two kernels. Within a kernel Inductor fuses as it does when it builds that
 kernel alone, so the unit runs what the plan priced.
 
+The weights are frozen (Inductor's ``freezing``): packed once, when the unit
+compiles, in the layouts oneDNN wants. Freezing's own rewrites (a convolution
+and its activation into one oneDNN call) may join a convolution with the
+pointwise kernel after it; that is the one place the unit runs fewer kernels
+than planned.
+
 Opaque primitives (run in ONNX Runtime) and GPU targets (korch's Triton
 kernels, CUDA graphs) keep the kernel-by-kernel executable.
 """
@@ -138,7 +144,10 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu") -> bytes:
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside export and AOTInductor
         with torch.inference_mode(False), torch.no_grad(), torch.fx.traceback.preserve_node_meta():
             exported = torch.export.export(module, inputs)
-        with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, kernel_boundaries():
+        # freezing: the weights are constants, so Inductor packs them once, at compile time, in the layout
+        # oneDNN wants (blocked convolution weights), instead of on every call; it only applies without grad
+        with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, kernel_boundaries(), torch.no_grad(), \
+                torch._inductor.config.patch(freezing=True):
             path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))
             return Path(path).read_bytes()
 

@@ -12,9 +12,9 @@ from onnx import TensorProto, helper
 from korch.ir.ort import run_model
 
 
-def korch(*args, cwd=None):
+def korch(*args, cwd=None, env=None, timeout=300):
     return subprocess.run([sys.executable, "-m", "korch", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+                          cwd=cwd, env=env, timeout=timeout)
 
 
 def _save(tmp_path, nodes, inputs, outputs, name="m.onnx", opset=18, initializers=()):

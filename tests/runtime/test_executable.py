@@ -177,13 +177,18 @@ def test_planning_for_an_absent_gpu_writes_the_plan_only(tmp_path):
         optimize(_two_output_model(), output=tmp_path / "m", target="h100", cost="measured")
 
 
-def test_opaque_operators_run_in_the_executable(tmp_path):
-    """An operator korch cannot split runs as an opaque kernel (ONNX Runtime) between generated ones."""
+def opaque_model() -> onnx.ModelProto:
+    """Relu, then Det (korch cannot split it: an opaque primitive), then Neg."""
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Det", ["r"], ["d"]),
              helper.make_node("Neg", ["d"], ["y"])]
     graph = helper.make_graph(nodes, "opaque", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4, 3, 3))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4,))])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_opaque_operators_run_in_the_executable(tmp_path):
+    """An operator korch cannot split runs as an opaque kernel (ONNX Runtime) between generated ones."""
+    model = opaque_model()
     with pytest.warns(UserWarning, match="Det"):
         compiled = optimize(model, output=tmp_path / "out", target="cpu", cost="roofline")
     assert compiled.executable.check.ok

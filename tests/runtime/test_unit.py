@@ -11,20 +11,19 @@ import sys
 import numpy as np
 import pytest
 import torch
-from onnx import TensorProto, helper
 
 from korch import config
 from korch.pipeline import optimize
 from korch.runtime import unit
-from tests.runtime.test_executable import _two_output_model
+from tests.runtime.test_executable import _two_output_model, opaque_model
 from tests.test_cli import assert_one_line_error
+from tests.test_cli import korch as cli_korch
 
 UNIT_ON = {**os.environ, "KORCH_COMPILED_UNIT": "1"}
 
 
 def korch(*args):
-    return subprocess.run([sys.executable, "-m", "korch", *map(str, args)], capture_output=True, text=True,
-                          timeout=600, env=UNIT_ON)
+    return cli_korch(*args, env=UNIT_ON, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +108,7 @@ def test_kernel_by_kernel_on_request(tmp_path):
 
 
 def test_an_opaque_primitive_keeps_the_kernel_by_kernel_executable(tmp_path):
-    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Det", ["r"], ["d"]),
-             helper.make_node("Neg", ["d"], ["y"])]
-    graph = helper.make_graph(nodes, "opaque", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4, 3, 3))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4,))])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = opaque_model()
     with pytest.warns(UserWarning, match="Det"), config.patch(compiled_unit=True):
         compiled = optimize(model, output=tmp_path / "out", target="cpu", cost="roofline")
     assert compiled.executable.check.ok and compiled.executable.unit is None
@@ -147,3 +142,26 @@ def test_inductor_keeps_planned_kernels_apart(bounded):
         _, codes = run_and_get_code(lambda: compile_fx(gm, [x])(x))
     stores = sum(_stores(code) for code in codes)
     assert stores == (2 if bounded else 1), codes
+
+
+def test_a_constant_pad_fill_is_read_once_not_on_every_call():
+    """EfficientViT pads with 1.0: the fill is baked in when the kernel is made, so the plan exports (no
+    data-dependent ``.item()``, which also breaks CUDA graph capture) and matches ONNX Runtime."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from korch.ir.ort import run_model
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Pad", ["r", "pads", "fill"], ["y"])]
+    inits = [onnx.numpy_helper.from_array(np.array([0, 1, 2, 0, 0, 1, 2, 0], dtype=np.int64), "pads"),
+             onnx.numpy_helper.from_array(np.array(1.0, dtype=np.float32), "fill")]
+    graph = helper.make_graph(nodes, "pad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, 4, 5))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 5, 8, 5))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    result = optimize(model, target="cpu", cost="roofline")
+    module = unit.PlanModule(result.graph, result.plan)
+    x = torch.randn(1, 3, 4, 5)
+    with torch.fx.traceback.preserve_node_meta():
+        exported = torch.export.export(module, (x,))
+    assert "item" not in exported.graph_module.code
+    np.testing.assert_allclose(module(x)[0].numpy(), run_model(model, {"x": x.numpy()})["y"], rtol=1e-6)

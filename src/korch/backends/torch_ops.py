@@ -50,12 +50,19 @@ def _slice(node: Node, device) -> NodeFn:
     return run
 
 
-def _pad(node: Node, input_shape: Sequence[int], device) -> NodeFn:
+def _pad(graph: Graph, node: Node, device) -> NodeFn:
     pads, mode = list(node.attrs["pads"]), node.attrs["mode"]
     rank = len(pads) // 2
     if mode == "constant":
         torch_pads = [p for axis in reversed(range(rank)) for p in (pads[axis], pads[rank + axis])]
-        return lambda x, value=None: [F.pad(x, torch_pads, value=0.0 if value is None else value.item())]
+        fill = node.inputs[1] if len(node.inputs) > 1 else ""
+        if not fill or fill in graph.constants:
+            # a constant fill is read now: ``value.item()`` on every call would sync a GPU (illegal in a CUDA
+            # graph capture) and is a data-dependent value to torch.export
+            value = float(np.asarray(graph.constants[fill]).reshape(-1)[0]) if fill else 0.0
+            return lambda x, _=None: [F.pad(x, torch_pads, value=value)]
+        return lambda x, value: [F.pad(x, torch_pads, value=value.item())]
+    input_shape = graph.tensors[node.inputs[0]].shape
     maps = {axis: torch.as_tensor(interpret.pad_index(size, pads[axis], pads[rank + axis], mode), device=device)
             for axis, size in enumerate(input_shape) if pads[axis] or pads[rank + axis]}
 
@@ -105,7 +112,7 @@ def node_function(graph: Graph, node: Node, device) -> NodeFn:
     if node.op is Op.SLICE:
         return _slice(node, device)
     if node.op is Op.PAD:
-        return _pad(node, graph.tensors[node.inputs[0]].shape, device)
+        return _pad(graph, node, device)
     if node.op in (Op.MAX_POOL, Op.AVG_POOL):
         fn = _pool(node)
         if fn is not None:

@@ -1,0 +1,102 @@
+"""GFLOP/s of each float32 GEMM path korch can call on this CPU, against ONNX Runtime's, on the zoo's shapes.
+
+For each (M, K, N) with a constant K x N weight: ``torch.mm`` (MKL or oneDNN,
+as ATen dispatches), oneDNN with the weight packed once
+(``mkldnn._reorder_linear_weight`` + ``mkldnn._linear_pointwise``), MKL's
+packed path (``mkl._mkl_reorder_linear_weight`` + ``mkl._mkl_linear``; the
+compiled unit's frozen GEMMs take one of these), and ONNX Runtime's MatMul
+(MLAS). Medians, interleaved, in one
+process, with the torch and ONNX Runtime thread counts equal.
+
+    python benchmarks/gemm_paths.py --out benchmarks/results/gemm_paths_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+# (M, K, N): BERT-base layer at 128 tokens (QKV/projection, FFN in, FFN out), ViT-B block at 197 tokens
+SHAPES = ((128, 768, 768), (128, 768, 3072), (128, 3072, 768), (197, 768, 2304), (197, 768, 3072))
+
+
+def median_s(fn, budget_s: float) -> float:
+    for _ in range(3):
+        fn()
+    samples, start = [], time.perf_counter()
+    while len(samples) < 10 or time.perf_counter() - start < budget_s:
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return float(np.median(samples))
+
+
+def ort_matmul(m: int, k: int, weight: np.ndarray):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from korch.ir import ort
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "gemm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, (m, k))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (m, weight.shape[1]))],
+                              [onnx.numpy_helper.from_array(weight, "w")])
+    return ort.session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=0.5, help="seconds of timed runs per path and shape")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from korch import bench
+    from korch.runtime import bundle
+
+    rows = []
+    for m, k, n in SHAPES:
+        rng = np.random.default_rng(0)
+        x_np = rng.standard_normal((m, k)).astype(np.float32)
+        w_np = rng.standard_normal((k, n)).astype(np.float32)
+        x, w = torch.from_numpy(x_np), torch.from_numpy(w_np)
+        w_t = w.t().contiguous()  # linear layout: N x K
+        packed_dnnl = torch.ops.mkldnn._reorder_linear_weight(w_t, m)
+        packed_mkl = torch.ops.mkl._mkl_reorder_linear_weight(w_t, m)
+        session = ort_matmul(m, k, w_np)
+        paths = {
+            "torch.mm": lambda: torch.mm(x, w),
+            "oneDNN packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed_dnnl, None, "none", [], ""),
+            "MKL packed": lambda: torch.ops.mkl._mkl_linear(x, packed_mkl, w_t, None, m),
+            "onnxruntime": lambda: session.run(None, {"x": x_np}),
+        }
+        seconds = {name: [] for name in paths}
+        with torch.inference_mode():
+            for _ in range(3):  # interleaved rounds; the best round's median is kept
+                for name, fn in paths.items():
+                    seconds[name].append(median_s(fn, args.budget))
+        flops = 2 * m * k * n
+        gflops = {name: flops / min(s) / 1e9 for name, s in seconds.items()}
+        rows.append({"shape": [m, k, n], "gflops": gflops, "median_s": {k_: min(s) for k_, s in seconds.items()}})
+        print(f"{m}x{k}x{n}: " + "  ".join(f"{name} {g:.0f}" for name, g in gflops.items()) + " GFLOP/s")
+    report = {"benchmark": "float32 GEMM paths", "date": datetime.date.today().isoformat(),
+              "device": bench.device_description("cpu"), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+              "versions": bundle.versions(),
+              "command": "python benchmarks/gemm_paths.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "rows": rows}
+    if args.out:
+        from korch.fsutil import atomic_write_bytes
+
+        atomic_write_bytes(args.out, json.dumps(report, indent=1).encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -165,3 +165,27 @@ def test_a_constant_pad_fill_is_read_once_not_on_every_call():
         exported = torch.export.export(module, (x,))
     assert "item" not in exported.graph_module.code
     np.testing.assert_allclose(module(x)[0].numpy(), run_model(model, {"x": x.numpy()})["y"], rtol=1e-6)
+
+
+def test_an_embedding_lookup_runs_in_torch_inside_the_unit():
+    """Gather with runtime indices stays opaque in fission but runs as index_select, negative indices
+    counting from the end as ONNX says, so a text model can still be one unit."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from korch.ir.ort import run_model
+
+    table = np.random.default_rng(0).standard_normal((10, 6)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], axis=0), helper.make_node("Relu", ["e"], ["y"])]
+    graph = helper.make_graph(nodes, "embed", [helper.make_tensor_value_info("ids", TensorProto.INT64, (2, 3))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 3, 6))],
+                              [onnx.numpy_helper.from_array(table, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.warns(UserWarning, match="Gather"):
+        result = optimize(model, target="cpu", cost="roofline")
+    assert unit.supports(result.graph, "cpu") is None
+    module = unit.PlanModule(result.graph, result.plan)
+    ids = torch.tensor([[0, -1, 3], [9, -10, 2]])
+    with torch.fx.traceback.preserve_node_meta():
+        torch.export.export(module, (ids,))
+    np.testing.assert_allclose(module(ids)[0].numpy(), run_model(model, {"ids": ids.numpy()})["y"])

@@ -23,7 +23,8 @@ and its activation into one oneDNN call) may join a convolution with the
 pointwise kernel after it; that is the one place the unit runs fewer kernels
 than planned.
 
-Opaque primitives (run in ONNX Runtime) and GPU targets (korch's Triton
+Opaque primitives that run in ONNX Runtime (all but an embedding lookup's
+Gather, which runs as ``index_select``) and GPU targets (korch's Triton
 kernels, CUDA graphs) keep the kernel-by-kernel executable.
 """
 
@@ -39,11 +40,10 @@ from pathlib import Path
 
 import torch
 
-from korch.backends.torch_ops import node_function
+from korch.backends.torch_ops import node_function, runs_in_torch
 from korch.errors import KorchError
 from korch.ir.graph import Graph
 from korch.ir.interpret import as_torch
-from korch.ir.ops import Op
 from korch.orchestrate.plan import Plan
 
 UNIT_FILE = "model.pt2"
@@ -54,8 +54,9 @@ def supports(graph: Graph, device: str) -> str | None:
     """None when ``graph`` can run as one compiled unit on ``device``, else why not."""
     if device != "cpu":
         return "compiled units are built for CPUs (GPU executables replay CUDA graphs of korch's kernels)"
-    if any(node.op is Op.OPAQUE for node in graph.nodes):
-        return "an opaque primitive runs in ONNX Runtime"
+    opaque = next((node for node in graph.nodes if not runs_in_torch(node)), None)
+    if opaque is not None:
+        return f"an opaque primitive ({opaque.name}) runs in ONNX Runtime"
     return None
 
 

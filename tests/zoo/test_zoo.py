@@ -20,7 +20,8 @@ from korch import config
 from korch.errors import KorchError
 from korch.zoo import ZOO_VERSION, ZooModel, build, export, get, list_models
 
-NAMES = [m.name for m in list_models()]
+# the transformers models (hf_*) have their own tests: test_hf.py
+NAMES = [m.name for m in list_models() if not m.name.startswith("hf_")]
 
 EXPECTED_OUTPUT_SHAPES = {
     "candy": [(1, 3, 224, 224)],
@@ -81,7 +82,7 @@ def exported(tmp_path_factory):
 
 def test_list_models_order_and_metadata():
     assert NAMES == ["candy", "efficientvit", "yolov4", "yolox_nano", "segformer_b0", "bert_layer", "vit_block"]
-    papers = {m.name: m.paper_primitive_nodes for m in list_models()}
+    papers = {m.name: m.paper_primitive_nodes for m in list_models() if m.name in NAMES}
     assert papers == {
         "candy": 184,
         "efficientvit": 380,

@@ -1,4 +1,5 @@
-"""korch's model zoo: the Korch paper's benchmark networks, built in plain torch.
+"""korch's model zoo: the Korch paper's benchmark networks, built in plain torch,
+and small public architectures from Hugging Face ``transformers`` (``hf_*``, see ``korch.zoo.hf``).
 
 Owns the registry (name -> description, input shapes, the paper's primitive
 node count, constructor), building a model with seeded random weights and
@@ -9,6 +10,7 @@ seeded example inputs, and exporting it to ONNX with a cache::
 
 No pretrained weights: every weight is random, drawn after
 ``torch.manual_seed(seed)``; ``common.randomize`` sets up the norm layers.
+The ``hf_*`` models need ``transformers`` only when built or exported.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from torch import nn
 from korch import config
 from korch.errors import KorchError
 from korch.frontend.torch_module import export_module
-from korch.zoo import candy, efficientvit, segformer, transformer, yolov4, yolox
+from korch.zoo import candy, efficientvit, hf, segformer, transformer, yolov4, yolox
 from korch.zoo.common import randomize
 
 __all__ = ["ZOO_VERSION", "ZooModel", "build", "export", "get", "list_models"]
@@ -59,12 +61,14 @@ class ZooModel:
 class _Entry:
     model: ZooModel
     factory: Callable[[], nn.Module]
-    # How each input is drawn: "image" U(0, 1), "normal" N(0, 1), "zeros".
+    # How each input is drawn: "image" U(0, 1), "normal" N(0, 1), "zeros",
+    # "tokens:V" int64 token ids uniform in [0, V).
     input_kinds: dict[str, str]
     num_outputs: int = 1
 
 
 _IMAGE = {"image": "image"}
+_TOKENS = {"input_ids": f"tokens:{hf.VOCAB}"}
 
 _ENTRIES = (
     _Entry(
@@ -138,13 +142,69 @@ _ENTRIES = (
         transformer.ViTBlock,
         {"tokens": "normal"},
     ),
+    _Entry(
+        ZooModel(
+            "hf_bert",
+            f"transformers BertModel, BERT-mini size: hidden 256, 4 layers, 4 heads, FFN 1024, "
+            f"vocab {hf.VOCAB}, {hf.SEQUENCE} tokens, last hidden state (Devlin et al. 2019)",
+            {"input_ids": (1, hf.SEQUENCE)},
+            None,
+        ),
+        hf.bert,
+        _TOKENS,
+    ),
+    _Entry(
+        ZooModel(
+            "hf_gpt2",
+            f"transformers GPT2Model: hidden 256, 4 layers, 4 heads, FFN 1024, vocab {hf.VOCAB}, "
+            f"{hf.SEQUENCE} tokens, no cache, last hidden state (Radford et al. 2019)",
+            {"input_ids": (1, hf.SEQUENCE)},
+            None,
+        ),
+        hf.gpt2,
+        _TOKENS,
+    ),
+    _Entry(
+        ZooModel(
+            "hf_llama",
+            f"transformers LlamaModel: hidden 256, 4 layers, 4 query / 2 key-value heads, SwiGLU 1024, "
+            f"vocab {hf.VOCAB}, {hf.SEQUENCE} tokens, no cache, last hidden state (Touvron et al. 2023)",
+            {"input_ids": (1, hf.SEQUENCE)},
+            None,
+        ),
+        hf.llama,
+        _TOKENS,
+    ),
+    _Entry(
+        ZooModel(
+            "hf_vit",
+            "transformers ViTModel, ViT-S/16 width: 224x224 image, hidden 384, 4 layers, 6 heads, MLP 1536, "
+            "197 tokens, last hidden state (Dosovitskiy et al. 2021)",
+            {"pixel_values": (1, 3, hf.IMAGE_SIDE, hf.IMAGE_SIDE)},
+            None,
+        ),
+        hf.vit,
+        {"pixel_values": "normal"},
+    ),
+    _Entry(
+        ZooModel(
+            "hf_whisper_encoder",
+            f"transformers WhisperModel's encoder, Whisper-tiny size: {hf.MEL_BINS} mel bins x "
+            f"{2 * hf.SEQUENCE} frames, d_model 384, 4 layers, 6 heads, FFN 1536, {hf.SEQUENCE} positions "
+            f"(Radford et al. 2022)",
+            {"input_features": (1, hf.MEL_BINS, 2 * hf.SEQUENCE)},
+            None,
+        ),
+        hf.whisper_encoder,
+        {"input_features": "normal"},
+    ),
 )
 
 _REGISTRY = {entry.model.name: entry for entry in _ENTRIES}
 
 
 def list_models() -> list[ZooModel]:
-    """Every zoo model, in the Korch paper's order, then the single layers."""
+    """Every zoo model, in the Korch paper's order, then the single layers, then the ``hf_*`` models."""
     return [entry.model for entry in _ENTRIES]
 
 
@@ -166,6 +226,8 @@ def _draw(shape: tuple[int, ...], kind: str, generator: torch.Generator | None) 
         return torch.rand(shape, generator=generator)
     if kind == "normal":
         return torch.randn(shape, generator=generator)
+    if kind.startswith("tokens:"):
+        return torch.randint(0, int(kind.removeprefix("tokens:")), shape, generator=generator, dtype=torch.int64)
     return torch.zeros(shape)
 
 

@@ -267,9 +267,10 @@ def cmd_zoo(args) -> int:
     from korch import zoo
 
     if args.zoo_command == "list":
+        width = max(len(m.name) for m in zoo.list_models())
         for m in zoo.list_models():
             shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in m.input_shapes.items())
-            print(f"{m.name:14} {shapes:28} {m.description}")
+            print(f"{m.name:{width}} {shapes:28} {m.description}")
         return 0
     path = zoo.export(args.name, args.output)
     print(f"wrote {path}")

@@ -241,7 +241,7 @@ def cmd_bench(args) -> int:
         print(f"wrote {args.json}")
     from korch.report.html_page import write_html_report
 
-    write_html_report(outdir, graph, optimized.plan, benchmark=result.ratios(), executable=executable.manifest)
+    write_html_report(outdir, optimized.graph, optimized.plan, benchmark=result.ratios(), executable=executable.manifest)
     print(f"benchmark ratios added to {Path(outdir) / 'report.html'}")
     return 0
 

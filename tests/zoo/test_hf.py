@@ -8,7 +8,6 @@ executable must pass its self-check against ONNX Runtime.
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 
@@ -34,16 +33,6 @@ EXPECTED_OUTPUT_SHAPES = {
     "hf_vit": (1, 197, 384),
     "hf_whisper_encoder": (1, 128, 384),
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _share_cores():
-    """Under pytest-xdist, one intra-op thread per core per worker (as in test_zoo.py)."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    saved = torch.get_num_threads()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
-    yield
-    torch.set_num_threads(saved)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ exported once (``exported`` fixture, into a session cache directory).
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import onnx
@@ -36,21 +35,6 @@ EXPECTED_OUTPUT_SHAPES = {
 
 def _as_tuple(out) -> tuple[torch.Tensor, ...]:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _share_cores():
-    """Under pytest-xdist, one intra-op thread per core per worker.
-
-    torch and onnxruntime each default to a thread per core; with two workers
-    on two cores their spinning threads contend and runs take several times
-    longer.
-    """
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    saved = torch.get_num_threads()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
-    yield
-    torch.set_num_threads(saved)
 
 
 @pytest.fixture(scope="session")

@@ -11,15 +11,21 @@ from tests.runtime.test_executable import _two_output_model
 from tests.test_cli import assert_one_line_error, korch
 
 
-@pytest.fixture(scope="module")
-def outdir(tmp_path_factory):
+def optimize_two_output_model(root, run=korch):
+    """``korch optimize`` (roofline, CPU) of the two-output model into ``root/out``; returns its stdout."""
     import onnx
 
-    root = tmp_path_factory.mktemp("cli")
     onnx.save(_two_output_model(), root / "m.onnx")
-    result = korch("optimize", root / "m.onnx", "-o", root / "out", "--target", "cpu", "--cost", "roofline", "-q")
+    result = run("optimize", root / "m.onnx", "-o", root / "out", "--target", "cpu", "--cost", "roofline", "-q")
     assert result.returncode == 0, result.stderr
     assert "matches ONNX Runtime" in result.stdout and "korch run" in result.stdout
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def outdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    optimize_two_output_model(root)
     return root / "out"
 
 

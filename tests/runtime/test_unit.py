@@ -16,6 +16,7 @@ from korch import config
 from korch.pipeline import optimize
 from korch.runtime import unit
 from tests.runtime.test_executable import _two_output_model, opaque_model
+from tests.runtime.test_run_cli import optimize_two_output_model
 from tests.test_cli import assert_one_line_error
 from tests.test_cli import korch as cli_korch
 
@@ -28,13 +29,8 @@ def korch(*args):
 
 @pytest.fixture(scope="module")
 def unit_dir(tmp_path_factory):
-    import onnx
-
     root = tmp_path_factory.mktemp("unit")
-    onnx.save(_two_output_model(), root / "m.onnx")
-    result = korch("optimize", root / "m.onnx", "-o", root / "out", "--target", "cpu", "--cost", "roofline", "-q")
-    assert result.returncode == 0, result.stderr
-    assert "compiled unit" in result.stdout and "matches ONNX Runtime" in result.stdout
+    assert "compiled unit" in optimize_two_output_model(root, run=korch)
     return root / "out"
 
 

@@ -7,8 +7,8 @@ primitives, in plan order, each kernel's operations annotated with its index,
 ``torch.fx.traceback.annotate``), exported and compiled by AOTInductor into a
 ``.pt2`` package: one shared library whose C++ wrapper calls the kernels and
 the vendor libraries (oneDNN, MKL through ATen) with no Python between them,
-plus the weights. ``torch._inductor.aoti_load_package`` opens it without a
-compiler.
+plus the weights. ``CompiledUnit`` opens it through the package loader,
+without a compiler.
 
 Inductor must compile the plan korch chose, not a plan of its own: while the
 unit compiles, ``kernel_boundaries`` makes Inductor keep every kernel's

@@ -8,7 +8,7 @@ from korch import config
 from korch.cost import GPUS, devices, get_device, probe
 from korch.errors import KorchError
 
-FAKE = {"memory_bandwidth": 10e9, "matmul_flops": 50e9, "elementwise_flops": 5e9, "tiny_op_seconds": 2e-6}
+FAKE = {"memory_bandwidth": 10e9, "cache_bandwidth": 40e9, "matmul_flops": 50e9, "elementwise_flops": 5e9, "tiny_op_seconds": 2e-6}
 
 
 @pytest.mark.parametrize("name", sorted(GPUS))
@@ -47,7 +47,7 @@ def test_unknown_target_names_the_known_ones():
 
 def test_probe_writes_its_file_then_reads_it(tmp_path, monkeypatch):
     probe._record_at.cache_clear()
-    monkeypatch.setattr(probe, "measure", lambda: dict(FAKE))
+    monkeypatch.setattr(probe, "measure", lambda cache: dict(FAKE))
     monkeypatch.setattr(probe, "peak_matrix_flops", lambda: 0.0)
     with config.patch(cache_dir=tmp_path):
         first = get_device("cpu")
@@ -70,7 +70,7 @@ def test_probe_writes_its_file_then_reads_it(tmp_path, monkeypatch):
 
 def test_the_matrix_ceiling_is_never_below_the_fma_peak(tmp_path, monkeypatch):
     probe._record_at.cache_clear()
-    monkeypatch.setattr(probe, "measure", lambda: dict(FAKE))
+    monkeypatch.setattr(probe, "measure", lambda cache: dict(FAKE))
     monkeypatch.setattr(probe, "peak_matrix_flops", lambda: 1e12)
     with config.patch(cache_dir=tmp_path):
         device = get_device("cpu")
@@ -84,7 +84,7 @@ def test_fma_peak_is_read_from_cpuinfo():
 
 def test_probe_remeasures_a_corrupt_file(tmp_path, monkeypatch):
     probe._record_at.cache_clear()
-    monkeypatch.setattr(probe, "measure", lambda: dict(FAKE))
+    monkeypatch.setattr(probe, "measure", lambda cache: dict(FAKE))
     with config.patch(cache_dir=tmp_path):
         path = probe._cache_path()
         path.parent.mkdir(parents=True)

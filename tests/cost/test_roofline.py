@@ -208,6 +208,8 @@ def test_cpu_probe_is_positive_and_builds_the_device_from_its_record(cpu):
     assert device.matrix_flops["float32"] >= measured["matmul_flops"] * devices.FLOPS_HEADROOM > 0
     assert device.vector_flops >= 2 * device.matrix_flops["float32"]
     assert device.cache_bytes == record["cache_bytes"] == probe.cache_bytes() > 0
+    assert device.cache_bandwidth == max(measured["cache_bandwidth"] * devices.BANDWIDTH_HEADROOM,
+                                         device.memory_bandwidth) < math.inf
 
 
 def test_cpu_bound_of_a_large_add_is_below_the_probes_own_streaming_time(cpu):
@@ -228,7 +230,7 @@ def test_cpu_bound_of_a_large_add_is_below_the_probes_own_streaming_time(cpu):
 def test_cpu_bound_of_a_large_add_on_a_known_record(monkeypatch):
     monkeypatch.setattr(probe, "peak_matrix_flops", lambda: 0.0)
     record = {"cpu": "test", "threads": 1, "torch": "x", "cache_bytes": 32 << 20,
-              "measured": {"memory_bandwidth": 10e9, "matmul_flops": 50e9, "elementwise_flops": 5e9,
+              "measured": {"memory_bandwidth": 10e9, "cache_bandwidth": 40e9, "matmul_flops": 50e9, "elementwise_flops": 5e9,
                            "tiny_op_seconds": 2e-6}}
     device = devices.cpu_device_from(record)
     n = (64 << 20) // 4
@@ -236,6 +238,19 @@ def test_cpu_bound_of_a_large_add_on_a_known_record(monkeypatch):
     z = b.add("x", "y")
     spill = (8 * n - (32 << 20)) + (4 * n - (32 << 20))  # 256 MiB read + 256 MiB written, 32 MiB of each cached
     assert lower_bound(device, _work(g, [z])) == pytest.approx(1e-6 + spill / 20e9)
+
+
+def test_cpu_bytes_within_the_cache_are_charged_at_the_cache_bandwidth(monkeypatch):
+    """A kernel whose tensors all fit the cache still moves them: 12 MiB at twice the probe's 40 GB/s."""
+    monkeypatch.setattr(probe, "peak_matrix_flops", lambda: 0.0)
+    record = {"cpu": "test", "threads": 1, "torch": "x", "cache_bytes": 32 << 20,
+              "measured": {"memory_bandwidth": 10e9, "cache_bandwidth": 40e9, "matmul_flops": 50e9,
+                           "elementwise_flops": 5e9, "tiny_op_seconds": 2e-6}}
+    device = devices.cpu_device_from(record)
+    n = (4 << 20) // 4
+    g, b = _graph(("x", (n,)), ("y", (n,)))
+    z = b.add("x", "y")
+    assert lower_bound(device, _work(g, [z])) == pytest.approx(1e-6 + 12 * n / 80e9)
 
 
 def test_window_axis_counts_match_brute_force():

@@ -150,12 +150,13 @@ def cpu_device_from(record: dict) -> Device:
     matrix = max(raw["matmul_flops"] * FLOPS_HEADROOM, probe.peak_matrix_flops())
     vector = 2 * max(raw["elementwise_flops"] * FLOPS_HEADROOM, matrix)
     bandwidth = raw["memory_bandwidth"] * BANDWIDTH_HEADROOM
+    cache_bandwidth = max(raw["cache_bandwidth"] * BANDWIDTH_HEADROOM, bandwidth)
     return Device(
         name="cpu", kind="cpu", memory_bandwidth=bandwidth, vector_flops=vector,
         matrix_flops={"float32": matrix}, launch_overhead=raw["tiny_op_seconds"] * LAUNCH_HEADROOM,
-        cache_bytes=int(record["cache_bytes"]),
+        cache_bytes=int(record["cache_bytes"]), cache_bandwidth=cache_bandwidth,
         source=(f"probe v{probe.PROBE_VERSION} of {record['cpu']} ({record['threads']} torch threads, "
-                f"torch {record['torch']}): measured best x{BANDWIDTH_HEADROOM} bandwidth, "
+                f"torch {record['torch']}): measured best x{BANDWIDTH_HEADROOM} bandwidths (memory, cache), "
                 f"x{FLOPS_HEADROOM} FLOP/s or the FMA peak (vector: 2x), x{LAUNCH_HEADROOM} launch; "
                 "cache from sysfs"),
     )

@@ -6,6 +6,10 @@ of it allocating) times:
 * memory bandwidth: a 256 MB ``copy_`` (bytes read + written), ``sum`` (bytes
   read) and ``fill_`` (bytes written), interleaved over several rounds, the
   fastest of all;
+* cache bandwidth: a ``copy_`` between two buffers that fit the cache together
+  (256 KB, 1 MB and an eighth of the cache each), repeated, the fastest: without it
+  every byte a kernel moves below the cache's size would be free, and a plan
+  priced so would write a 30 MB intermediate as readily as nothing;
 * matrix FLOP/s: a float32 2048x2048 ``matmul``, best of two;
 * vector FLOP/s: an in-cache ``addcmul_`` loop, best of several;
 * launch overhead: a 1-element ``add``, the mean of a loop, best of several.
@@ -40,7 +44,7 @@ from korch import config
 from korch.fsutil import atomic_write_bytes
 
 # Bump when the probe measures differently, so cached results are not reused.
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 # Cache size assumed when sysfs says nothing: large, so the bound stays a floor.
 FALLBACK_CACHE_BYTES = 512 << 20
 
@@ -74,7 +78,26 @@ def _stream_bandwidth() -> float:
     return best
 
 
-def measure() -> dict[str, float]:
+def _cache_bandwidth(cache: int) -> float:
+    """Best bytes/s (read + written) of a copy between two buffers that stay in the cache, at three sizes
+    (the inner caches are faster than the last level: the floor takes the fastest)."""
+    import torch
+
+    best = 0.0
+    for size in (256 << 10, 1 << 20, max(64 << 10, min(cache // 8, 8 << 20))):
+        n = size // 4
+        src, dst = torch.ones(n), torch.zeros(n)
+        calls = max(4, (64 << 20) // (8 * n))  # about 64 MB moved per timed run
+
+        def copies():
+            for _ in range(calls):
+                dst.copy_(src)
+
+        best = max(best, 8 * n * calls / _best(copies, 5))
+    return best
+
+
+def measure(cache: int = FALLBACK_CACHE_BYTES) -> dict[str, float]:
     """Raw rates of this host, as torch reaches them: bytes/s, FLOP/s and seconds per tiny op."""
     import torch
 
@@ -99,8 +122,8 @@ def measure() -> dict[str, float]:
             torch.add(p, q)
 
     launch = _best(tiny_loop, 5) / calls
-    return {"memory_bandwidth": bandwidth, "matmul_flops": matmul, "elementwise_flops": vector,
-            "tiny_op_seconds": launch}
+    return {"memory_bandwidth": bandwidth, "cache_bandwidth": _cache_bandwidth(cache), "matmul_flops": matmul,
+            "elementwise_flops": vector, "tiny_op_seconds": launch}
 
 
 def cache_bytes(sysfs: Path = Path("/sys/devices/system/cpu")) -> int:
@@ -160,7 +183,7 @@ def peak_matrix_flops() -> float:
 
 
 _RECORD_KEYS = ("cpu", "threads", "torch", "cache_bytes", "measured")
-_MEASURED_KEYS = ("memory_bandwidth", "matmul_flops", "elementwise_flops", "tiny_op_seconds")
+_MEASURED_KEYS = ("memory_bandwidth", "cache_bandwidth", "matmul_flops", "elementwise_flops", "tiny_op_seconds")
 
 
 @functools.cache
@@ -176,7 +199,8 @@ def _record_at(path: Path) -> dict:
 
     record = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
               "torch": torch.__version__, "probe_version": PROBE_VERSION,
-              "cache_bytes": cache_bytes(), "measured": measure()}
+              "cache_bytes": cache_bytes()}
+    record["measured"] = measure(record["cache_bytes"] or FALLBACK_CACHE_BYTES)
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
     return record
 

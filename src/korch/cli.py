@@ -203,7 +203,9 @@ def cmd_run(args) -> int:
         return 0
     from korch.ir import ort
 
-    reference = onnx.load(str(Path(args.outdir) / "reference.onnx"))
+    from korch.runtime.bundle import verified_path
+
+    reference = onnx.load(str(verified_path(args.outdir, "reference.onnx", executable.manifest)))
     expected = ort.run_model(reference, feeds, executable.output_names)
     check = check_outputs(outputs, expected)
     for o in check.outputs:

@@ -72,6 +72,17 @@ def test_run_check_fails_on_a_mismatch(outdir, tmp_path):
     assert "DOES NOT match" in result.stdout and "MISMATCH" in result.stdout
 
 
+def test_a_damaged_reference_stops_the_check_not_the_run(outdir, tmp_path):
+    """reference.onnx is verified where it is used: running does not read it, --check refuses it."""
+    import shutil
+
+    d = tmp_path / "copy"
+    shutil.copytree(outdir, d)
+    (d / "reference.onnx").write_bytes(b"garbage")
+    assert korch("run", d).returncode == 0
+    assert_one_line_error(korch("run", d, "--check"), "reference.onnx", "corrupted")
+
+
 def test_run_bad_inputs_are_one_line_errors(outdir, tmp_path):
     np.save(tmp_path / "wrong.npy", np.zeros((1, 3, 8, 9), np.float32))
     np.save(tmp_path / "int.npy", np.zeros((1, 3, 8, 8), np.int64))

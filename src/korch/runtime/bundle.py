@@ -37,6 +37,8 @@ MANIFEST = "manifest.json"
 LOADED_FILES = ("model.py", "graph.json", "weights.npz", "plan.json")
 # an executable with a compiled unit loads the unit and the launch module's declarations only
 UNIT_LOADED_FILES = ("model.py", "model.pt2")
+# files opened by path, not read into memory: verified by streaming them through the hash
+OPENED_BY_PATH = frozenset({"model.pt2"})
 
 
 def _sha256(data: bytes) -> str:
@@ -109,7 +111,9 @@ class BundleWriter:
 
 def read_manifest(outdir: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
     """The manifest of ``outdir`` and the verified contents of the files the loader reads, after checking the
-    directory is a complete, uncorrupted executable (each file is read once)."""
+    directory is a complete, uncorrupted executable (each file is read once; those in ``OPENED_BY_PATH`` are
+    verified and left on disk for their loader). ``reference.onnx`` is verified where it is used
+    (``verified_path``): a check needs it, running does not."""
     outdir = Path(outdir)
     if not outdir.is_dir():
         raise KorchError(f"no korch executable at {outdir}: no such directory")
@@ -125,20 +129,45 @@ def read_manifest(outdir: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
     if manifest.get("version") != VERSION:
         raise KorchError(f"{outdir} is a {FORMAT} v{manifest.get('version')}; this korch reads v{VERSION}: "
                          "run korch optimize again")
-    files = manifest.get("files", {})
     verified = {}
-    loaded = UNIT_LOADED_FILES if manifest.get("runs") == "compiled unit" else LOADED_FILES
-    for name in (*loaded, *(["reference.onnx"] if "reference.onnx" in files else [])):
-        if name not in files:
-            raise KorchError(f"{outdir} is incomplete: the manifest lists no {name}")
-        try:
-            data = (outdir / name).read_bytes()
-        except OSError:
-            raise KorchError(f"{outdir} is incomplete: {name} is missing") from None
-        if _sha256(data) != files[name]:
-            raise KorchError(f"{outdir / name} is corrupted (its checksum differs from the manifest's)")
-        verified[name] = data
+    for name in UNIT_LOADED_FILES if manifest.get("runs") == "compiled unit" else LOADED_FILES:
+        if name in OPENED_BY_PATH:
+            verified_path(outdir, name, manifest)
+        else:
+            verified[name] = _verified_bytes(outdir, name, manifest)
     return manifest, verified
+
+
+def _listed(outdir: Path, name: str, manifest: Mapping) -> tuple[Path, str]:
+    files = manifest.get("files", {})
+    if name not in files:
+        raise KorchError(f"{outdir} is incomplete: the manifest lists no {name}")
+    return outdir / name, files[name]
+
+
+def _verified_bytes(outdir: Path, name: str, manifest: Mapping) -> bytes:
+    path, checksum = _listed(outdir, name, manifest)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        raise KorchError(f"{outdir} is incomplete: {name} is missing") from None
+    if _sha256(data) != checksum:
+        raise KorchError(f"{path} is corrupted (its checksum differs from the manifest's)")
+    return data
+
+
+def verified_path(outdir: str | os.PathLike, name: str, manifest: Mapping) -> Path:
+    """The path of ``outdir``'s file ``name`` once its checksum matches the manifest's (the file is hashed
+    in chunks, never held in memory whole)."""
+    path, checksum = _listed(Path(outdir), name, manifest)
+    try:
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        raise KorchError(f"{outdir} is incomplete: {name} is missing") from None
+    if digest != checksum:
+        raise KorchError(f"{path} is corrupted (its checksum differs from the manifest's)")
+    return path
 
 
 def graph_from_bytes(graph_json: bytes, weights_npz: bytes) -> Graph:

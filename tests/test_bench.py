@@ -52,3 +52,32 @@ def test_a_model_onnx2torch_cannot_convert_is_a_named_failure():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     with pytest.raises(KorchError, match="onnx2torch cannot convert"):
         bench.torch_module_for("det.onnx", model.SerializeToString(), "cpu")
+
+
+def test_systems_take_turns_and_a_peer_failing_midway_is_named(monkeypatch):
+    """Rounds interleave korch and its peers (a slow spell lands on all alike); each latency is the median
+    of its rounds' medians; a peer that fails in a later round is reported as failed, not half-timed."""
+    calls = []
+
+    def fake_time_system(name, fn, inputs, device, budget_s, note="", warmup=3, min_runs=10):
+        calls.append(name)
+        if name == "eager" and calls.count("eager") == 2:
+            raise RuntimeError("out of memory\nmore")
+        return bench.SystemTiming(name, {"korch": 1.0, "ort": 2.0}.get(name, 3.0) * len(calls), 0.5, 4, note)
+
+    class Executable:
+        device, input_names = torch.device("cpu"), ["x"]
+
+        def __call__(self, x):
+            return x
+
+    monkeypatch.setattr(bench, "time_system", fake_time_system)
+    monkeypatch.setattr(bench, "torch_module_for", lambda *args: (torch.nn.Identity(), ""))
+    monkeypatch.setattr(bench, "_peer", lambda name, module, reference: (lambda xs: None))
+    result = bench.bench(Executable(), model="m.onnx", reference_model=b"", peers=["eager", "ort"], target="cpu",
+                         feeds={"x": np.zeros(2, np.float32)}, rounds=3)
+    assert calls == ["korch", "eager", "ort", "korch", "eager", "ort", "korch", "ort"]
+    assert result.failed == {"eager": "RuntimeError: out of memory"}
+    assert [p.name for p in result.peers] == ["ort"]
+    assert result.korch.median_s == 4.0 and result.korch.runs == 12  # rounds at 1, 4, 7
+    assert result.peers[0].median_s == 2.0 * 6  # rounds at 3, 6, 8

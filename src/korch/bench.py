@@ -2,7 +2,8 @@
 
 Every system runs in this process on the same inputs, is warmed up, and is
 timed by the kernel timer (``backends.timing.time_kernel``: median of many
-runs, CUDA events on a GPU). The peers:
+runs, CUDA events on a GPU), the systems taking turns over several rounds so
+that a slow spell of a shared machine is not charged to one of them. The peers:
 
 * ``eager``: the model in PyTorch, as written;
 * ``compile``: ``torch.compile`` of it (TorchInductor, default mode);
@@ -34,6 +35,7 @@ from korch.errors import KorchError
 PEERS = ("eager", "compile", "compile-max-autotune", "ort")
 BUDGET_S = 2.0
 MIN_RUNS = 10
+ROUNDS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,48 +164,74 @@ def _peer(name: str, module: torch.nn.Module, reference_model: bytes) -> Callabl
 
 
 def time_system(name: str, fn: Callable[[Sequence[torch.Tensor]], object], inputs: Sequence[torch.Tensor],
-                device: str, budget_s: float, note: str = "") -> SystemTiming:
+                device: str, budget_s: float, note: str = "", warmup: int = 3, min_runs: int = MIN_RUNS):
     from korch.backends.timing import time_kernel
 
     with torch.inference_mode():
-        t = time_kernel(lambda i: fn(inputs), device=device, budget_s=budget_s, min_repeats=MIN_RUNS, warmup=3)
+        t = time_kernel(lambda i: fn(inputs), device=device, budget_s=budget_s, min_repeats=min_runs, warmup=warmup)
     return SystemTiming(name, t.median_s, t.min_s, t.runs, note)
 
 
+def _combined(rounds: Sequence[SystemTiming]) -> SystemTiming:
+    """One system's rounds as one timing: the median of the rounds' medians, the fastest run, all runs."""
+    first = rounds[0]
+    return SystemTiming(first.name, float(np.median([r.median_s for r in rounds])), min(r.min_s for r in rounds),
+                        sum(r.runs for r in rounds), first.note)
+
+
+def _first_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
 def bench(executable, *, model, reference_model: bytes, peers: Sequence[str], target: str,
-          feeds: Mapping[str, np.ndarray] | None = None, budget_s: float = BUDGET_S,
+          feeds: Mapping[str, np.ndarray] | None = None, budget_s: float = BUDGET_S, rounds: int = ROUNDS,
           on_system: Callable[[str], None] | None = None) -> BenchResult:
-    """Time ``executable`` and each peer on the same (seeded) inputs; a peer that fails is named, not fatal."""
+    """Time ``executable`` and each peer on the same (seeded) inputs; a peer that fails is named, not fatal.
+
+    The systems take turns: ``rounds`` rounds, each timing every system for ``budget_s / rounds``, so a
+    slow spell of a shared machine lands on all of them alike; a system's latency is the median of its
+    rounds' medians.
+    """
     from korch.runtime import bundle
     from korch.runtime.selfcheck import seeded_inputs
 
     device = executable.device.type
     feeds = feeds or seeded_inputs(executable.input_specs)
     inputs = [torch.from_numpy(np.ascontiguousarray(feeds[n])).to(device) for n in executable.input_names]
-    if on_system:
-        on_system("korch")
-    korch = time_system("korch", lambda xs: executable(*xs), inputs, device, budget_s)
     module, note, module_error = None, "", None
     if not set(peers) <= {"ort"}:
         try:
             module, note = torch_module_for(model, reference_model, device)
         except KorchError as exc:
             module_error = str(exc)
-    timings, failed = [], {}
+    systems, failed = [("korch", lambda xs: executable(*xs), "")], {}
     for name in peers:
-        if on_system:
-            on_system(name)
         if name != "ort" and module is None:
             failed[name] = module_error
             continue
         try:
-            fn = _peer(name, module, reference_model)
-            timings.append(time_system(name, fn, inputs, device, budget_s,
-                                       note if name != "ort" else ("CPU" if device == "cpu" else "CPU provider")))
-        except Exception as exc:  # a peer that cannot run this model is reported, the benchmark goes on
-            failed[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            systems.append((name, _peer(name, module, reference_model),
+                            note if name != "ort" else ("CPU" if device == "cpu" else "CPU provider")))
+        except Exception as exc:  # a peer that cannot be set up for this model is reported, the benchmark goes on
+            failed[name] = _first_line(exc)
+    timings: dict[str, list[SystemTiming]] = {name: [] for name, _, _ in systems}
+    for round_ in range(rounds):
+        for name, fn, system_note in systems:
+            if name in failed:
+                continue
+            if on_system and round_ == 0:
+                on_system(name)
+            try:
+                timings[name].append(time_system(name, fn, inputs, device, budget_s / rounds, system_note,
+                                                 warmup=3 if round_ == 0 else 1,
+                                                 min_runs=max(2, -(-MIN_RUNS // rounds))))
+            except Exception as exc:  # a peer that cannot run this model is reported, the benchmark goes on
+                if name == "korch":
+                    raise
+                failed[name] = _first_line(exc)
+    results = [_combined(timings[name]) for name, _, _ in systems if name not in failed]
     return BenchResult(model=str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__,
-                       target=target, device=device_description(device), korch=korch, peers=timings,
+                       target=target, device=device_description(device), korch=results[0], peers=results[1:],
                        failed=failed, versions=bundle.versions())
 
 

@@ -5,7 +5,8 @@ as ATen dispatches), oneDNN with the weight packed once
 (``mkldnn._reorder_linear_weight`` + ``mkldnn._linear_pointwise``), MKL's
 packed path (``mkl._mkl_reorder_linear_weight`` + ``mkl._mkl_linear``; the
 compiled unit's frozen GEMMs take one of these), and ONNX Runtime's MatMul
-(MLAS). Medians, interleaved, in one
+(MLAS), and Inductor's C++ GEMM template (its own AVX2/AVX-512 micro-kernel, the weight packed at
+freeze time; what ``max_autotune`` on a CPU can pick). Medians, interleaved, in one
 process, with the torch and ONNX Runtime thread counts equal.
 
     python benchmarks/gemm_paths.py --out benchmarks/results/gemm_paths_cpu.json
@@ -50,6 +51,24 @@ def ort_matmul(m: int, k: int, weight: np.ndarray):
     return ort.session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
 
 
+def inductor_cpp_template(weight):
+    """``x @ weight`` compiled by Inductor with only its C++ GEMM template allowed (weights frozen)."""
+    import torch
+
+    class Linear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(weight, requires_grad=False)
+
+        def forward(self, x):
+            return x @ self.weight
+
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP"):
+        compiled = torch.compile(Linear().eval())
+        return compiled
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=0.5, help="seconds of timed runs per path and shape")
@@ -71,10 +90,14 @@ def main(argv=None) -> int:
         packed_dnnl = torch.ops.mkldnn._reorder_linear_weight(w_t, m)
         packed_mkl = torch.ops.mkl._mkl_reorder_linear_weight(w_t, m)
         session = ort_matmul(m, k, w_np)
+        template = inductor_cpp_template(w)
+        with torch.no_grad():
+            template(x)  # compiles now, not inside the timed runs
         paths = {
             "torch.mm": lambda: torch.mm(x, w),
             "oneDNN packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed_dnnl, None, "none", [], ""),
             "MKL packed": lambda: torch.ops.mkl._mkl_linear(x, packed_mkl, w_t, None, m),
+            "Inductor C++ template": lambda: template(x),
             "onnxruntime": lambda: session.run(None, {"x": x_np}),
         }
         seconds = {name: [] for name in paths}

@@ -158,18 +158,20 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
                               config.compiled_unit if compiled_unit is None else compiled_unit)
 
 
-def _compile_unit(graph, plan, device: str) -> tuple[bytes | None, str]:
-    """The plan as one compiled unit, or None and why not (a unit that fails to compile is not fatal)."""
+def _compile_unit(graph, plan, device: str) -> tuple[bytes | None, str, dict]:
+    """The plan as one compiled unit (the faster of its variants, and what was measured), or None and why
+    not (a unit that fails to compile is not fatal)."""
     from korch.runtime import unit
 
     reason = unit.supports(graph, device)
     if reason:
-        return None, reason
+        return None, reason, {}
     try:
-        return unit.compile_unit(graph, plan, device), ""
+        data, choice = unit.choose_unit(graph, plan, device)
+        return data, "", choice
     except Exception as exc:  # Inductor's failures are many: the kernel-by-kernel executable still runs
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return None, f"AOTInductor failed: {type(exc).__name__}: {first}"
+        return None, f"AOTInductor failed: {type(exc).__name__}: {first}", {}
 
 
 def _build_check_write(result: Optimized, target: str, device: str, output: Path, stage: _Stages,
@@ -183,12 +185,12 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
     reference_model = onnx.load_from_string(result.reference)
     with stage("build"):
         steps = build_plan(graph, plan, target, device, progress.on_build, check_kernels=False)
-    unit, unit_note = None, "not asked for (kernel by kernel)"
+    unit, unit_note, unit_choice = None, "not asked for (kernel by kernel)", {}
     if compiled_unit:
         with stage("compile unit"):
-            unit, unit_note = _compile_unit(graph, plan, device)
+            unit, unit_note, unit_choice = _compile_unit(graph, plan, device)
     assembled = assemble(graph, plan, steps, target=target, device=device, reference_model=result.reference,
-                         unit=unit, unit_note=unit_note)
+                         unit=unit, unit_note=unit_note, unit_choice=unit_choice)
     with stage("check"):
         check = check_against_onnxruntime(assembled.executable, reference_model)
         if not check.ok and unit is not None:  # the unit is wrong: the kernels alone may be right

@@ -185,3 +185,36 @@ def test_an_embedding_lookup_runs_in_torch_inside_the_unit():
     with torch.fx.traceback.preserve_node_meta():
         torch.export.export(module, (ids,))
     np.testing.assert_allclose(module(ids)[0].numpy(), run_model(model, {"ids": ids.numpy()})["y"])
+
+
+def test_the_unit_is_the_faster_of_its_weight_variants(monkeypatch):
+    """choose_unit compiles the plan with and without oneDNN weight packing, times both in turns and keeps
+    the faster; a variant that fails to compile is left out."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    weight = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
+    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4, 16))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4, 8))],
+                              [onnx.numpy_helper.from_array(weight, "w")])
+    result = optimize(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), target="cpu",
+                      cost="roofline")
+    data, choice = unit.choose_unit(result.graph, result.plan)
+    measured = choice["measured_ms"]
+    assert set(measured) == set(unit.WEIGHTS) and all(ms > 0 for ms in measured.values())
+    assert measured[choice["weights"]] == min(measured.values())
+    x = torch.randn(4, 16)
+    np.testing.assert_allclose(unit.CompiledUnit.from_bytes(data)(x)[0].numpy(),
+                               torch.relu(x @ torch.from_numpy(weight)).numpy(), rtol=1e-5, atol=1e-6)
+
+    compile_unit = unit.compile_unit
+
+    def packed_fails(graph, plan, device="cpu", prepack=True):
+        if prepack:
+            raise RuntimeError("no oneDNN here")
+        return compile_unit(graph, plan, device, prepack)
+
+    monkeypatch.setattr(unit, "compile_unit", packed_fails)
+    _, choice = unit.choose_unit(result.graph, result.plan)
+    assert choice == {"weights": "as given to ATen", "measured_ms": {}}

@@ -43,6 +43,10 @@ def _executable(x: dict | None) -> list[str]:
     if x.get("runs") == "compiled unit":
         lines.append("- runs as **one compiled unit** (the whole plan in one AOTInductor package, `model.pt2`: "
                      "no Python between kernels; Inductor plans its buffers)")
+        measured = x.get("unit", {}).get("measured_ms")
+        if measured:
+            lines.append(f"- the unit's weights: {x['unit']['weights']}, the faster as measured ("
+                         + ", ".join(f"{name} {ms:.3g} ms" for name, ms in measured.items()) + ")")
     elif x.get("runs"):
         lines.append(f"- runs kernel by kernel: no compiled unit ({x.get('unit', {}).get('why_not', '')})")
     check = x.get("check")

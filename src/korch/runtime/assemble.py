@@ -57,11 +57,13 @@ def _capturable(kernels: list[Graph]) -> bool:
 
 
 def assemble(graph: Graph, plan: Plan, steps: Sequence[BuiltStep], *, target: str, device: str,
-             reference_model: bytes, unit: bytes | None = None, unit_note: str = "") -> Assembled:
+             reference_model: bytes, unit: bytes | None = None, unit_note: str = "",
+             unit_choice: dict | None = None) -> Assembled:
     """The executable of ``plan`` whose kernels ``steps`` built, for ``device``, with its directory's files.
 
     With ``unit`` (the plan compiled into one package, ``runtime/unit.py``) the executable runs it and the
-    directory holds it; ``unit_note`` says why there is none."""
+    directory holds it; ``unit_choice`` records which variant it is and what each measured
+    (``unit.choose_unit``); ``unit_note`` says why there is none."""
     steps = list(steps)
     in_place = [s.built.in_place for s in steps]
     layout = plan_layout(graph, plan, in_place)
@@ -91,7 +93,7 @@ def assemble(graph: Graph, plan: Plan, steps: Sequence[BuiltStep], *, target: st
                    "peak_bytes": memory.peak_bytes, "naive_bytes": memory.naive_bytes},
         "cuda_graph": executable.cuda_graph,
         "runs": "compiled unit" if unit is not None else "kernel by kernel",
-        "unit": unit_manifest(device) if unit is not None else {"why_not": unit_note},
+        "unit": {**unit_manifest(device), **(unit_choice or {})} if unit is not None else {"why_not": unit_note},
     }
     executable.manifest = manifest
     return Assembled(executable, steps, layout, files, manifest)

@@ -63,3 +63,31 @@ def test_a_constant_exponent_compiles_to_multiplications():
     assert "pow.Tensor_Scalar" in traced.code, traced.code
     _, codes = run_and_get_code(lambda: compile_fx(traced, [x])(x))
     assert codes and not any("pow(" in code for code in codes), codes
+
+
+GATHER_INDICES = {"scalar": np.array(1), "progression": np.array([0, 2, 4]), "negative": np.array([-1]),
+                  "irregular": np.array([3, 0, 3]), "table": np.array([[0, 1], [1, 2]]),
+                  "descending": np.array([4, 2, 0])}
+
+
+@pytest.mark.parametrize("case", sorted(GATHER_INDICES))
+@pytest.mark.parametrize("axis", [0, 1])
+def test_a_constant_gather_matches_onnx_runtime(case, axis):
+    indices = GATHER_INDICES[case]
+    x = np.random.default_rng(1).standard_normal((5, 6, 3)).astype(np.float32)
+    out_shape = x.shape[:axis] + indices.shape + x.shape[axis + 1:]
+    model = _model([helper.make_node("Gather", ["x", "i"], ["y"], axis=axis)], {"x": (F, x.shape)},
+                   {"y": (F, out_shape)}, {"i": indices.astype(np.int64)})
+    _, graph, _ = load_model(model)
+    (got,) = kernel_function(graph, "cpu")(torch.from_numpy(x))
+    np.testing.assert_array_equal(got.numpy(), run_model(model, {"x": x})["y"])
+
+
+def test_evenly_stepping_constant_indices_are_a_slice_not_an_indirect_load():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    model = _model([helper.make_node("Gather", ["x", "i"], ["y"], axis=1)], {"x": (F, (2, 6, 3))},
+                   {"y": (F, (2, 3))}, {"i": np.array(4, np.int64)})
+    _, graph, _ = load_model(model)
+    traced = make_fx(kernel_function(graph, "cpu"))(torch.randn(2, 6, 3))
+    assert "index_select" not in traced.code and "slice" in traced.code, traced.code

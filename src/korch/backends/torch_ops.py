@@ -51,6 +51,26 @@ def _slice(node: Node, device) -> NodeFn:
     return run
 
 
+def _constant_gather(graph: Graph, node: Node, device) -> NodeFn | None:
+    """A Gather whose indices are a constant: a slice where they step evenly (a view compilers read with
+    affine loads, where ``index_select`` is an indirect load per element), else ``index_select`` with the
+    index tensor made once. None when the indices are computed at run time."""
+    table = graph.constants.get(node.inputs[1])
+    if table is None:
+        return None
+    axis, out_shape = node.attrs["axis"], graph.tensors[node.output].shape
+    size = graph.tensors[node.inputs[0]].shape[axis]
+    flat = np.asarray(table, dtype=np.int64).reshape(-1)
+    flat = np.where(flat < 0, flat + size, flat)
+    steps = np.diff(flat)
+    if flat.size and (flat.size == 1 or (steps[0] > 0 and np.all(steps == steps[0]))):
+        step = int(steps[0]) if flat.size > 1 else 1
+        key = (slice(None),) * axis + (slice(int(flat[0]), int(flat[-1]) + 1, step),)
+        return lambda x, _: [x[key].reshape(out_shape)]
+    index = torch.as_tensor(flat, device=device)
+    return lambda x, _: [torch.index_select(x, axis, index).reshape(out_shape)]
+
+
 def _pad(graph: Graph, node: Node, device) -> NodeFn:
     pads, mode = list(node.attrs["pads"]), node.attrs["mode"]
     rank = len(pads) // 2
@@ -172,6 +192,10 @@ def node_function(graph: Graph, node: Node, device) -> NodeFn:
         return _slice(node, device)
     if node.op is Op.PAD:
         return _pad(graph, node, device)
+    if node.op is Op.GATHER:
+        gather = _constant_gather(graph, node, device)
+        if gather is not None:
+            return gather
     if node.op in (Op.MAX_POOL, Op.AVG_POOL):
         fn = _pool(node)
         if fn is not None:

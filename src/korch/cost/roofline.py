@@ -214,8 +214,14 @@ def floor_flops(graph: Graph, node: Node) -> int:
 
 
 def kernel_work(graph: Graph, nodes: Iterable[int], inputs: Sequence[str], outputs: Sequence[str]) -> KernelWork:
-    """The least work of the kernel computing ``outputs`` from ``inputs`` with ``nodes`` (indices into graph.nodes)."""
+    """The least work of the kernel computing ``outputs`` from ``inputs`` with ``nodes`` (indices into graph.nodes).
+
+    A kernel of reshapes alone may return a view of its input (the library backend and the compiled unit
+    do): it need move nothing."""
     t = graph.tensors
+    nodes = list(nodes)
+    if nodes and all(graph.nodes[i].op is Op.RESHAPE for i in nodes):
+        return KernelWork(bytes_read=0, bytes_written=0, vector_flops=0, matrix_flops=0)
     need: dict[str, int] = {name: t[name].numel for name in outputs}
     vector = matrix = 0
     for index in sorted(nodes, reverse=True):  # graph.nodes is topological: consumers first

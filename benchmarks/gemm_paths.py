@@ -65,8 +65,7 @@ def inductor_cpp_template(weight):
 
     torch._dynamo.reset()
     with torch._inductor.config.patch(freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP"):
-        compiled = torch.compile(Linear().eval())
-        return compiled
+        return torch.compile(Linear().eval())
 
 
 def main(argv=None) -> int:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from korch.errors import KorchError
+from korch.errors import KorchError, one_line
 
 PEERS = ("eager", "compile", "compile-max-autotune", "ort")
 BUDGET_S = 2.0
@@ -101,8 +101,7 @@ def torch_module_for(model, reference_model: bytes, device: str) -> tuple[torch.
     try:
         module = convert(onnx.load_from_string(reference_model))
     except Exception as exc:  # an operator or opset onnx2torch does not know
-        raise KorchError(f"onnx2torch cannot convert the model: {type(exc).__name__}: "
-                         f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+        raise KorchError(f"onnx2torch cannot convert the model: {one_line(exc)}") from None
     return module.to(device).eval(), "(onnx2torch)"
 
 
@@ -179,10 +178,6 @@ def _combined(rounds: Sequence[SystemTiming]) -> SystemTiming:
                         sum(r.runs for r in rounds), first.note)
 
 
-def _first_line(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-
-
 def bench(executable, *, model, reference_model: bytes, peers: Sequence[str], target: str,
           feeds: Mapping[str, np.ndarray] | None = None, budget_s: float = BUDGET_S, rounds: int = ROUNDS,
           on_system: Callable[[str], None] | None = None) -> BenchResult:
@@ -192,6 +187,7 @@ def bench(executable, *, model, reference_model: bytes, peers: Sequence[str], ta
     slow spell of a shared machine lands on all of them alike; a system's latency is the median of its
     rounds' medians.
     """
+    from korch.backends.timing import take_turns
     from korch.runtime import bundle
     from korch.runtime.selfcheck import seeded_inputs
 
@@ -204,32 +200,31 @@ def bench(executable, *, model, reference_model: bytes, peers: Sequence[str], ta
             module, note = torch_module_for(model, reference_model, device)
         except KorchError as exc:
             module_error = str(exc)
-    systems, failed = [("korch", lambda xs: executable(*xs), "")], {}
+    calls, failed = {"korch": (lambda xs: executable(*xs), "")}, {}  # name -> (function of the inputs, note)
     for name in peers:
         if name != "ort" and module is None:
             failed[name] = module_error
             continue
         try:
-            systems.append((name, _peer(name, module, reference_model),
-                            note if name != "ort" else ("CPU" if device == "cpu" else "CPU provider")))
+            calls[name] = (_peer(name, module, reference_model),
+                           note if name != "ort" else ("CPU" if device == "cpu" else "CPU provider"))
         except Exception as exc:  # a peer that cannot be set up for this model is reported, the benchmark goes on
-            failed[name] = _first_line(exc)
-    timings: dict[str, list[SystemTiming]] = {name: [] for name, _, _ in systems}
-    for round_ in range(rounds):
-        for name, fn, system_note in systems:
-            if name in failed:
-                continue
-            if on_system and round_ == 0:
-                on_system(name)
-            try:
-                timings[name].append(time_system(name, fn, inputs, device, budget_s / rounds, system_note,
-                                                 warmup=3 if round_ == 0 else 1,
-                                                 min_runs=max(2, -(-MIN_RUNS // rounds))))
-            except Exception as exc:  # a peer that cannot run this model is reported, the benchmark goes on
-                if name == "korch":
-                    raise
-                failed[name] = _first_line(exc)
-    results = [_combined(timings[name]) for name, _, _ in systems if name not in failed]
+            failed[name] = one_line(exc)
+
+    def time_one(name: str, round_: int) -> SystemTiming:
+        if on_system and round_ == 0:
+            on_system(name)
+        fn, system_note = calls[name]
+        return time_system(name, fn, inputs, device, budget_s / rounds, system_note, warmup=3 if round_ == 0 else 1,
+                           min_runs=max(2, -(-MIN_RUNS // rounds)))
+
+    def peer_failed(name: str, exc: Exception) -> None:  # a peer that cannot run is named, the benchmark goes on
+        if name == "korch":
+            raise exc
+        failed[name] = one_line(exc)
+
+    timings = take_turns(list(calls), time_one, rounds, on_error=peer_failed)
+    results = [_combined(timings[name]) for name in calls if name in timings]
     return BenchResult(model=str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__,
                        target=target, device=device_description(device), korch=results[0], peers=results[1:],
                        failed=failed, versions=bundle.versions())

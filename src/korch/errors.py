@@ -10,3 +10,9 @@ class KorchError(Exception):
     """A problem with the user's input, explained in one line."""
 
     exit_code = 2
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc`` as ``Type: first line of its message``, for errors that quote a library's failure."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

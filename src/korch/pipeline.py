@@ -19,7 +19,7 @@ from pathlib import Path
 
 import onnx
 
-from korch.errors import KorchError
+from korch.errors import KorchError, one_line
 from korch.ir import Graph
 from korch.orchestrate.plan import Plan
 from korch.orchestrate.segments import measurement_stats, solve_segments
@@ -170,8 +170,7 @@ def _compile_unit(graph, plan, device: str) -> tuple[bytes | None, str, dict]:
         data, choice = unit.choose_unit(graph, plan, device)
         return data, "", choice
     except Exception as exc:  # Inductor's failures are many: the kernel-by-kernel executable still runs
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return None, f"AOTInductor failed: {type(exc).__name__}: {first}", {}
+        return None, f"AOTInductor failed: {one_line(exc)}", {}
 
 
 def _build_check_write(result: Optimized, target: str, device: str, output: Path, stage: _Stages,

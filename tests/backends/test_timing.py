@@ -199,3 +199,21 @@ def test_cuda_gpu_cache_size_falls_back_when_torch_reports_none(fake_cuda, monke
 
 def test_cuda_cache_size_is_the_l2(fake_cuda):
     assert timing.cache_size("cuda") == 60 << 20
+
+
+def test_take_turns_interleaves_and_drops_a_failing_name():
+    from korch.backends.timing import take_turns
+
+    order, errors = [], []
+
+    def time_one(name, round_):
+        order.append((name, round_))
+        if (name, round_) == ("b", 1):
+            raise RuntimeError("gone")
+        return round_
+
+    results = take_turns(["a", "b"], time_one, 3, on_error=lambda name, exc: errors.append((name, str(exc))))
+    assert order == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2)]
+    assert results == {"a": [0, 1, 2]} and errors == [("b", "gone")]
+    with pytest.raises(RuntimeError, match="gone"):
+        take_turns(["b"], lambda name, round_: time_one("b", 1), 1)

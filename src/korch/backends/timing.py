@@ -34,6 +34,7 @@ from typing import TypeVar
 
 import torch
 
+T = TypeVar("T")
 WARMUP_CALLS = 3
 WARMUP_S = 0.01
 MAX_REPEATS = 100
@@ -175,3 +176,21 @@ def rotation_sets(make_inputs: Callable[[int], T], nbytes: int, cache_bytes: int
     if cache_bytes is None:
         cache_bytes = cache_size(device)
     return [make_inputs(i) for i in range(rotation_count(nbytes, cache_bytes, cap))]
+
+
+def take_turns(names: Sequence[str], time_one: Callable[[str, int], T], rounds: int,
+               on_error: Callable[[str, Exception], None] | None = None) -> dict[str, list[T]]:
+    """``time_one(name, round)`` for every name, round after round, so that a slow spell of a shared
+    machine lands on all of them alike. A name whose timing raises is dropped after ``on_error(name, exc)``
+    (without ``on_error`` the exception propagates)."""
+    results: dict[str, list[T]] = {name: [] for name in names}
+    for round_ in range(rounds):
+        for name in [n for n in names if n in results]:
+            try:
+                results[name].append(time_one(name, round_))
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(name, exc)
+                del results[name]
+    return results

@@ -200,7 +200,7 @@ def _record_at(path: Path) -> dict:
     record = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
               "torch": torch.__version__, "probe_version": PROBE_VERSION,
               "cache_bytes": cache_bytes()}
-    record["measured"] = measure(record["cache_bytes"] or FALLBACK_CACHE_BYTES)
+    record["measured"] = measure(record["cache_bytes"])
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
     return record
 

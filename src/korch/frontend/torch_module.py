@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from korch.errors import KorchError
+from korch.errors import KorchError, one_line
 
 
 @contextlib.contextmanager
@@ -74,7 +74,7 @@ def export_module(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
         raise
     except Exception as exc:
         raise KorchError(f"torch's ONNX exporter failed on {type(module).__name__}: "
-                         f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+                         f"{one_line(exc)}") from exc
     finally:
         Path(tmp).unlink(missing_ok=True)
     return path

@@ -134,40 +134,34 @@ def read_manifest(outdir: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
         if name in OPENED_BY_PATH:
             verified_path(outdir, name, manifest)
         else:
-            verified[name] = _verified_bytes(outdir, name, manifest)
+            verified[name] = _verified(outdir, name, manifest, read=True)
     return manifest, verified
-
-
-def _listed(outdir: Path, name: str, manifest: Mapping) -> tuple[Path, str]:
-    files = manifest.get("files", {})
-    if name not in files:
-        raise KorchError(f"{outdir} is incomplete: the manifest lists no {name}")
-    return outdir / name, files[name]
-
-
-def _verified_bytes(outdir: Path, name: str, manifest: Mapping) -> bytes:
-    path, checksum = _listed(outdir, name, manifest)
-    try:
-        data = path.read_bytes()
-    except OSError:
-        raise KorchError(f"{outdir} is incomplete: {name} is missing") from None
-    if _sha256(data) != checksum:
-        raise KorchError(f"{path} is corrupted (its checksum differs from the manifest's)")
-    return data
 
 
 def verified_path(outdir: str | os.PathLike, name: str, manifest: Mapping) -> Path:
     """The path of ``outdir``'s file ``name`` once its checksum matches the manifest's (the file is hashed
     in chunks, never held in memory whole)."""
-    path, checksum = _listed(Path(outdir), name, manifest)
+    return _verified(Path(outdir), name, manifest, read=False)
+
+
+def _verified(outdir: Path, name: str, manifest: Mapping, *, read: bool) -> bytes | Path:
+    """The file's bytes (``read``) or its path, after its checksum was compared with the manifest's."""
+    checksum = manifest.get("files", {}).get(name)
+    if checksum is None:
+        raise KorchError(f"{outdir} is incomplete: the manifest lists no {name}")
+    path = outdir / name
     try:
-        with open(path, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        if read:
+            result = path.read_bytes()
+            digest = _sha256(result)
+        else:
+            with open(path, "rb") as f:
+                result, digest = path, hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         raise KorchError(f"{outdir} is incomplete: {name} is missing") from None
     if digest != checksum:
         raise KorchError(f"{path} is corrupted (its checksum differs from the manifest's)")
-    return path
+    return result
 
 
 def graph_from_bytes(graph_json: bytes, weights_npz: bytes) -> Graph:

@@ -41,7 +41,7 @@ def load(outdir: str | os.PathLike, device: str | None = None, target: str | Non
         raise KorchError(f"{outdir} was built for {manifest['target']} (CUDA), and no CUDA device is present")
     module = module_from_source(files["model.py"].decode())
     if manifest.get("runs") == "compiled unit":
-        return _load_unit(outdir, manifest, files, module)
+        return _load_unit(outdir, manifest, module)
     graph = bundle.graph_from_bytes(files["graph.json"], files["weights.npz"])
     plan = Plan.from_bytes(files["plan.json"])
     if len(plan.kernels) != len(manifest["kernels"]):
@@ -58,7 +58,7 @@ def load(outdir: str | os.PathLike, device: str | None = None, target: str | Non
                       use_cuda_graph=manifest.get("cuda_graph", True))
 
 
-def _load_unit(outdir: Path, manifest: dict, files: dict[str, bytes], module) -> Executable:
+def _load_unit(outdir: Path, manifest: dict, module) -> Executable:
     unit.check_compatible(manifest.get("unit", {}), str(outdir))
     _warn_on_new_versions(manifest.get("versions", {}), outdir)
     # the launch module's declarations (inputs, outputs) describe the executable; the unit computes it

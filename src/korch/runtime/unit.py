@@ -165,7 +165,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu") -> tuple[bytes, d
     """The faster of the plan's units over ``WEIGHTS``, and what was measured: the variants take turns
     (``CHOICE_ROUNDS`` rounds, median of the rounds' medians). A variant that fails to compile is left out;
     if all fail, the first failure is raised."""
-    from korch.backends.timing import time_kernel
+    from korch.backends.timing import take_turns, time_kernel
 
     built, errors = {}, []
     for name, prepack in WEIGHTS.items():
@@ -177,13 +177,14 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu") -> tuple[bytes, d
     if not built:
         raise errors[0]
     inputs = example_inputs(graph, device)
-    medians: dict[str, list[float]] = {name: [] for name in built}
+
+    def median_s(name: str, round_: int) -> float:
+        loaded = built[name][1]
+        return time_kernel(lambda i: loaded(*inputs), device=device, budget_s=0.3, min_repeats=1,
+                           warmup=1 if round_ == 0 else 0, warmup_s=0.0).median_s
+
     with torch.inference_mode():
-        for round_ in range(CHOICE_ROUNDS if len(built) > 1 else 0):
-            for name, (_, loaded) in built.items():
-                timing = time_kernel(lambda i, u=loaded: u(*inputs), device=device, budget_s=0.3, min_repeats=1,
-                                     warmup=1 if round_ == 0 else 0, warmup_s=0.0)
-                medians[name].append(timing.median_s)
+        medians = take_turns(list(built), median_s, CHOICE_ROUNDS if len(built) > 1 else 0)
     seconds = {name: float(np.median(m)) for name, m in medians.items() if m}
     best = min(seconds, key=seconds.get) if seconds else next(iter(built))
     return built[best][0], {"weights": best, "measured_ms": {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}}

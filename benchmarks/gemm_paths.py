@@ -15,8 +15,6 @@ process, with the torch and ONNX Runtime thread counts equal.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 import time
 from pathlib import Path
@@ -77,7 +75,6 @@ def main(argv=None) -> int:
     import torch
 
     from korch import bench
-    from korch.runtime import bundle
 
     rows = []
     for m, k, n in SHAPES:
@@ -108,15 +105,9 @@ def main(argv=None) -> int:
         gflops = {name: flops / min(s) / 1e9 for name, s in seconds.items()}
         rows.append({"shape": [m, k, n], "gflops": gflops, "median_s": {k_: min(s) for k_, s in seconds.items()}})
         print(f"{m}x{k}x{n}: " + "  ".join(f"{name} {g:.0f}" for name, g in gflops.items()) + " GFLOP/s")
-    report = {"benchmark": "float32 GEMM paths", "date": datetime.date.today().isoformat(),
-              "device": bench.device_description("cpu"), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-              "versions": bundle.versions(),
-              "command": "python benchmarks/gemm_paths.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "rows": rows}
-    if args.out:
-        from korch.fsutil import atomic_write_bytes
-
-        atomic_write_bytes(args.out, json.dumps(report, indent=1).encode())
+    report = bench.record("float32 GEMM paths", "benchmarks/gemm_paths.py", argv,
+                          cpu_capability=torch.backends.cpu.get_cpu_capability(), rows=rows)
+    bench.write_record(report, args.out)
     return 0
 
 

@@ -14,8 +14,6 @@ the same chains, in one process, interleaved.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 import tempfile
 import warnings
@@ -50,7 +48,6 @@ def main(argv=None) -> int:
     from korch import bench
     from korch.ir import ort
     from korch.pipeline import optimize
-    from korch.runtime import bundle
 
     x = torch.from_numpy(np.random.default_rng(0).standard_normal(ELEMENTS).astype(np.float32))
     seconds: dict[str, dict[int, float]] = {"compiled unit": {}, "kernel by kernel": {}, "onnxruntime": {}}
@@ -71,19 +68,14 @@ def main(argv=None) -> int:
             for name, fn in systems.items():
                 seconds[name][n] = bench.time_system(name, lambda xs, f=fn: f(*xs), [x], "cpu", args.budget).median_s
     per_kernel = {name: (t[long] - t[short]) / (kernels[long] - kernels[short]) for name, t in seconds.items()}
-    report = {"benchmark": "per-kernel overhead", "date": datetime.date.today().isoformat(),
-              "device": bench.device_description("cpu"), "versions": bundle.versions(),
-              "command": "python benchmarks/kernel_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "kernels": kernels, "median_s": {k: {str(n): v for n, v in t.items()} for k, t in seconds.items()},
-              "per_kernel_s": per_kernel}
+    report = bench.record("per-kernel overhead", "benchmarks/kernel_overhead.py", argv, kernels=kernels,
+                          median_s={k: {str(n): v for n, v in t.items()} for k, t in seconds.items()},
+                          per_kernel_s=per_kernel)
     for name, s in per_kernel.items():
         print(f"{name:>17}: {s * 1e6:7.2f} us per kernel "
               f"({seconds[name][short] * 1e6:.1f} us for {kernels[short]}, {seconds[name][long] * 1e6:.1f} us "
               f"for {kernels[long]} kernels)")
-    if args.out:
-        from korch.fsutil import atomic_write_bytes
-
-        atomic_write_bytes(args.out, json.dumps(report, indent=1).encode())
+    bench.write_record(report, args.out)
     return 0
 
 

@@ -16,7 +16,6 @@ threads), with the six sessions alone for the floor. Medians of interleaved roun
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -122,7 +121,6 @@ def main(argv=None) -> int:
         return 0
 
     from korch import bench
-    from korch.runtime import bundle
 
     environments = {}
     for policy in WAIT_POLICIES:
@@ -142,15 +140,9 @@ def main(argv=None) -> int:
              "rounds_ms": {way: samples[policy, way] for way in WAYS}} for policy in WAIT_POLICIES]
     for row in rows:
         print(row["omp_wait_policy"], {way: round(ms, 2) for way, ms in row["median_ms"].items()})
-    report = {"benchmark": "ONNX Runtime GEMMs inside a compiled unit (ViT-B block's GEMM chain)",
-              "date": datetime.date.today().isoformat(), "device": bench.device_description("cpu"),
-              "versions": bundle.versions(),
-              "command": "python benchmarks/ort_gemm_in_unit.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "rows": rows}
-    if args.out:
-        from korch.fsutil import atomic_write_bytes
-
-        atomic_write_bytes(args.out, json.dumps(report, indent=1).encode())
+    report = bench.record("ONNX Runtime GEMMs inside a compiled unit (ViT-B block's GEMM chain)",
+                          "benchmarks/ort_gemm_in_unit.py", argv, rows=rows)
+    bench.write_record(report, args.out)
     return 0
 
 

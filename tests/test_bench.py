@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from korch import bench
+from korch import precision as korch_precision
 from korch.errors import KorchError
 from korch.ir.ort import run_model
 from tests.runtime.test_executable import _two_output_model
@@ -61,12 +62,14 @@ def test_systems_take_turns_and_a_peer_failing_midway_is_named(monkeypatch):
 
     def fake_time_system(name, fn, inputs, device, budget_s, note="", warmup=3, min_runs=10):
         calls.append(name)
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32  # the executable's policy
         if name == "eager" and calls.count("eager") == 2:
             raise RuntimeError("out of memory\nmore")
         return bench.SystemTiming(name, {"korch": 1.0, "ort": 2.0}.get(name, 3.0) * len(calls), 0.5, 4, note)
 
     class Executable:
         device, input_names = torch.device("cpu"), ["x"]
+        precision = korch_precision.get("tf32")
 
         def __call__(self, x):
             return x
@@ -81,3 +84,4 @@ def test_systems_take_turns_and_a_peer_failing_midway_is_named(monkeypatch):
     assert [p.name for p in result.peers] == ["ort"]
     assert result.korch.median_s == 4.0 and result.korch.runs == 12  # rounds at 1, 4, 7
     assert result.peers[0].median_s == 2.0 * 6  # rounds at 3, 6, 8
+    assert result.to_json()["precision"] == "tf32" and not torch.backends.cuda.matmul.allow_tf32

@@ -116,3 +116,12 @@ def test_zoo_list_and_unknown_name(tmp_path):
     assert result.returncode == 0 and "candy" in result.stdout and "segformer_b0" in result.stdout
     assert_one_line_error(korch("zoo", "export", "nope", tmp_path / "x.onnx"), "nope")
     assert not (tmp_path / "x.onnx").exists()
+
+
+def test_precision_is_an_option_and_tf32_on_a_cpu_a_one_line_error(softmax_model, tmp_path):
+    for command in ("optimize", "bench"):
+        assert "--precision {fp32,tf32}" in korch(command, "--help").stdout
+    result = korch("optimize", softmax_model, "-o", tmp_path / "out", "--target", "cpu", "--cost", "roofline",
+                   "--input-shape", "x=2x4", "--precision", "tf32")
+    assert_one_line_error(result, "is for GPU targets")
+    assert not (tmp_path / "out").exists()

@@ -44,7 +44,7 @@ def _default_output(model) -> Path:
 def optimize(model, example_inputs=None, *, target: str | None = None, cost: str = "measured",
              db: str | os.PathLike | None = None, output: str | os.PathLike | None = None,
              input_shapes: Mapping[str, Sequence[int]] | None = None, jobs: int | None = None,
-             time_limit: float | None = None):
+             time_limit: float | None = None, precision: str | None = None):
     """Optimize ``model`` and return its executable, loaded and checked against ONNX Runtime.
 
     ``model``: an ONNX path, ``"zoo:NAME"``, an ``onnx.ModelProto`` or a torch
@@ -53,6 +53,7 @@ def optimize(model, example_inputs=None, *, target: str | None = None, cost: str
     else the CPU. ``cost``: "measured" (kernels built and timed, remembered in
     the profile database ``db``) or "roofline" (lower bounds only, fast).
     ``output``: the executable's directory (default: under the korch cache).
+    ``precision``: "fp32" (default) or "tf32", how a GPU computes float32 products.
     """
     target = target or detect_target()
     with tempfile.TemporaryDirectory(prefix="korch-export-") as workdir:
@@ -60,9 +61,9 @@ def optimize(model, example_inputs=None, *, target: str | None = None, cost: str
         if output is None:  # named by the model's content, so that another model never reuses the directory
             digest = hashlib.sha256(model_bytes(reference)).hexdigest()[:12]
             output = _default_output(reference if not isinstance(reference, onnx.ModelProto) else "model")
-            output = output.with_name(f"{output.name}-{digest}-{target}")
+            output = output.with_name(f"{output.name}-{digest}-{target}" + (f"-{precision}" if precision else ""))
         result = run_pipeline(reference, output=output, target=target, cost=cost, db=db, jobs=jobs,
-                              input_shapes=input_shapes, time_limit=time_limit)
+                              input_shapes=input_shapes, time_limit=time_limit, precision=precision)
     if result.executable is None:
         raise KorchError(f"no {target} device here to run the executable on")
     return result.executable

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from korch import precision
 from korch.errors import KorchError, one_line
 
 PEERS = ("eager", "compile", "compile-max-autotune", "ort")
@@ -56,10 +57,12 @@ class BenchResult:
     peers: list[SystemTiming]
     failed: dict[str, str]
     versions: dict[str, str]
+    precision: str = "fp32"   # the policy korch and every peer ran under (korch/precision.py)
     date: str = dataclasses.field(default_factory=lambda: datetime.date.today().isoformat())
 
     def to_json(self) -> dict:
         return {"model": self.model, "target": self.target, "device": self.device, "date": self.date,
+                "precision": self.precision,
                 "versions": self.versions, "korch": dataclasses.asdict(self.korch),
                 "peers": [dataclasses.asdict(p) for p in self.peers], "failed": self.failed,
                 "speedup": {p.name: p.median_s / self.korch.median_s for p in self.peers}}
@@ -223,14 +226,36 @@ def bench(executable, *, model, reference_model: bytes, peers: Sequence[str], ta
             raise exc
         failed[name] = one_line(exc)
 
-    timings = take_turns(list(calls), time_one, rounds, on_error=peer_failed)
+    with precision.applied(executable.precision):  # the peers' products are computed as korch's are
+        timings = take_turns(list(calls), time_one, rounds, on_error=peer_failed)
     results = [_combined(timings[name]) for name in calls if name in timings]
     return BenchResult(model=str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__,
                        target=target, device=device_description(device), korch=results[0], peers=results[1:],
-                       failed=failed, versions=bundle.versions())
+                       failed=failed, versions=bundle.versions(), precision=executable.precision.name)
 
 
 def write_json(result: BenchResult, path: str | os.PathLike) -> Path:
     from korch.fsutil import atomic_write_bytes
 
     return atomic_write_bytes(path, json.dumps(result.to_json(), indent=1).encode())
+
+
+def record(benchmark: str, script: str, argv: Sequence[str] | None, device: str = "cpu", **fields) -> dict:
+    """A benchmark script's result with what makes it reproducible: date, device, versions and the command
+    (``script`` run with ``argv``, default this process's arguments)."""
+    import sys
+
+    from korch.runtime import bundle
+
+    args = list(argv) if argv is not None else sys.argv[1:]
+    return {"benchmark": benchmark, "date": datetime.date.today().isoformat(), "device": device_description(device),
+            "versions": bundle.versions(), "command": " ".join(["python", script, *args]), **fields}
+
+
+def write_record(report: dict, path: str | os.PathLike | None) -> None:
+    """``report`` as JSON at ``path`` (written whole or not at all); nothing without a path."""
+    if path is not None:
+        from korch.fsutil import atomic_write_bytes
+
+        atomic_write_bytes(path, json.dumps(report, indent=1).encode())
+

@@ -116,7 +116,8 @@ def cmd_optimize(args) -> int:
             args.model, output=args.output, target=args.target, cost=args.cost, db=args.db, jobs=args.jobs,
             input_shapes=_input_shapes(args.input_shape), time_limit=args.time_limit, cut_points=args.cut_points,
             max_kernel_nodes=args.max_kernel_nodes, plan_only=args.plan_only,
-            compiled_unit=False if args.kernel_by_kernel else None, progress=_callbacks(progress, task))
+            compiled_unit=False if args.kernel_by_kernel else None, progress=_callbacks(progress, task),
+            precision=args.precision)
     out = args.output
     plan = result.plan
     optimal = all(s.optimal for s in plan.segments)
@@ -230,7 +231,7 @@ def cmd_bench(args) -> int:
             outdir = Path(config.cache_dir) / "bench" / f"{name}-{args.target or 'auto'}-{args.cost}"
         optimized = optimize(args.model, output=outdir, target=args.target, cost=args.cost, db=args.db,
                              jobs=args.jobs, input_shapes=_input_shapes(args.input_shape),
-                             progress=_callbacks(progress, task))
+                             progress=_callbacks(progress, task), precision=args.precision)
         if optimized.executable is None:
             raise KorchError(f"korch bench runs on the target's device; no {optimized.plan.target} here")
         executable = optimized.executable
@@ -340,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="profile database of measured kernels (default: profile.sqlite in the korch cache)")
         p.add_argument("--jobs", type=int, metavar="N",
                        help="processes compiling kernels in parallel (default: cores, at most 8)")
+        p.add_argument("--precision", choices=("fp32", "tf32"),
+                       help="how a GPU computes float32 products, korch's kernels, the libraries and the peers "
+                            "alike: fp32 (exact; default) or tf32 (tensor cores, operands rounded to TF32)")
         p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
 
     p = sub.add_parser("optimize", help="choose the optimal kernels and write the executable to OUTDIR")

@@ -48,6 +48,9 @@ max_segment_nodes: int = int(os.environ.get("KORCH_MAX_SEGMENT_NODES", "2000"))
 # executable runs kernel by kernel; `--kernel-by-kernel` turns it off for one command.
 compiled_unit: bool = os.environ.get("KORCH_COMPILED_UNIT", "1") != "0"
 
+# How float32 matrix products are computed on a GPU: "fp32" (exact) or "tf32" (tensor cores); see precision.py.
+precision: str = os.environ.get("KORCH_PRECISION", "fp32")
+
 # Seed of every random input korch makes (checks, shape probes, benchmarks).
 seed: int = int(os.environ.get("KORCH_SEED", "0"))
 

@@ -79,7 +79,8 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
              cost: str = "measured", db: str | os.PathLike | None = None, jobs: int | None = None,
              input_shapes: Mapping[str, Sequence[int]] | None = None, time_limit: float | None = None,
              cut_points: str | None = None, max_kernel_nodes: int | None = None, plan_only: bool = False,
-             compiled_unit: bool | None = None, progress: Progress | None = None) -> Optimized:
+             compiled_unit: bool | None = None, progress: Progress | None = None,
+             precision: str | None = None) -> Optimized:
     """The optimal plan of ``model`` (a path, ``zoo:NAME`` or a ModelProto) for ``target``, and with
     ``output`` its executable, built, checked against ONNX Runtime and written there.
 
@@ -91,8 +92,25 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     are written. A mismatch with ONNX Runtime raises ``CheckFailed`` after the reports are
     written (the directory then has no manifest: nothing loads it). ``compiled_unit`` (default
     ``config.compiled_unit``): on a CPU, the executable is the whole plan compiled into one package
-    (``runtime/unit.py``) where it can be.
+    (``runtime/unit.py``) where it can be. ``precision`` (default ``config.precision``): how a GPU computes
+    float32 products, korch's kernels and the libraries alike (``korch/precision.py``).
     """
+    from korch import config
+    from korch import precision as policies
+    from korch.cost import get_device
+
+    policy = policies.get(precision or config.precision)
+    target = target or detect_target()
+    if policy.tf32 and get_device(target).name == "cpu":
+        raise KorchError(f"--precision {policy.name} is for GPU targets: a CPU computes float32 products exactly")
+    with policies.use(policy):
+        return _optimize(model, output=output, target=target, cost=cost, db=db, jobs=jobs, input_shapes=input_shapes,
+                         time_limit=time_limit, cut_points=cut_points, max_kernel_nodes=max_kernel_nodes,
+                         plan_only=plan_only, compiled_unit=compiled_unit, progress=progress)
+
+
+def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, time_limit, cut_points,
+              max_kernel_nodes, plan_only: bool, compiled_unit: bool | None, progress: Progress | None) -> Optimized:
     from korch import config
     from korch.backends.registry import BackendPredicate, backends_for, device_for
     from korch.cost import candidate_bounds, get_device
@@ -100,7 +118,6 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     from korch.orchestrate.partition import load_cut_points, partition, partition_at
 
     progress = progress or Progress()
-    target = target or detect_target()
     device = get_device(target)  # an unknown target fails here, before any work
     if cost not in COST_MODELS:
         raise KorchError(f"unknown cost model {cost!r}; known: {', '.join(COST_MODELS)}")

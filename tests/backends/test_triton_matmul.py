@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
+from korch import config
 from korch.backends.triton.ahead import compile_generated
 from korch.backends.triton.launch import TritonKernel
 from korch.backends.triton.matmul import MATMUL, MatmulClass
@@ -72,10 +73,12 @@ def test_float16_accumulates_in_float32():
     assert "tl.float16" in generated.source and "acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)" in generated.source
 
 
-def test_input_precision_is_a_setting():
+def test_input_precision_follows_the_precision_policy():
     graph = CASES["odd_2d"]()
-    assert 'input_precision="tf32"' in MATMUL.generate(graph).source
-    assert 'input_precision="ieee"' in _run(graph, MatmulClass(input_precision="ieee")).source
+    assert 'input_precision="ieee"' in MATMUL.generate(graph).source
+    with config.patch(precision="tf32"):
+        assert 'input_precision="tf32"' in MATMUL.generate(graph).source
+    assert 'input_precision="tf32x3"' in _run(graph, MatmulClass(input_precision="tf32x3")).source
 
 
 def test_every_variant_matches_reference():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from korch import config
+from korch import config, precision
 from korch.pipeline import optimize
 from korch.runtime import unit
 from tests.runtime.test_executable import _two_output_model, opaque_model
@@ -37,6 +37,7 @@ def unit_dir(tmp_path_factory):
 def test_optimize_writes_the_plan_as_one_checked_unit(unit_dir):
     manifest = json.loads((unit_dir / "manifest.json").read_text())
     assert manifest["runs"] == "compiled unit" and manifest["check"]["ok"]
+    assert manifest["precision"] == "fp32" and manifest["check"]["tolerance"] == precision.get("fp32").model_tolerance
     assert manifest["unit"]["torch"] == torch.__version__
     assert manifest["files"][unit.UNIT_FILE] == hashlib.sha256((unit_dir / unit.UNIT_FILE).read_bytes()).hexdigest()
     assert "one compiled unit" in (unit_dir / "report.md").read_text()

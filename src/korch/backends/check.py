@@ -61,8 +61,9 @@ def _poisoned(kernel: Graph, device: str) -> list[torch.Tensor]:
     return buffers
 
 
-def compare(actual: torch.Tensor, expected: np.ndarray, name: str) -> CheckResult:
-    """Whether ``actual`` matches the reference ``expected`` (see the module docstring)."""
+def compare(actual: torch.Tensor, expected: np.ndarray, name: str, tolerance: float = FLOAT_TOLERANCE) -> CheckResult:
+    """Whether ``actual`` matches the reference ``expected`` (see the module docstring), floats within
+    ``tolerance`` in relative norm."""
     got = actual.detach().cpu().numpy()
     if got.shape != expected.shape:
         return CheckResult(False, float("inf"), float("inf"), f"{name}: shape {got.shape}, expected {expected.shape}")
@@ -80,7 +81,7 @@ def compare(actual: torch.Tensor, expected: np.ndarray, name: str) -> CheckResul
     max_abs = float(diff.max(initial=0.0))
     scale = float(np.linalg.norm(e))
     rel = float(np.linalg.norm(diff)) / scale if scale > 0 else max_abs
-    ok = rel <= FLOAT_TOLERANCE
+    ok = rel <= tolerance
     return CheckResult(ok, max_abs, rel, "" if ok else f"{name}: relative error {rel:.3g} (max abs {max_abs:.3g})")
 
 

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from korch import config, precision
 from korch.backends.base import Backend
 from korch.backends.check import check, random_inputs
 from korch.backends.db import ProfileDB, Record
@@ -64,11 +65,12 @@ class MeasureStats:
 
 
 def device_key(target: str) -> str:
-    """The device part of a database key: the GPU kind, or the CPU model with its core count."""
+    """The device part of a database key: the GPU kind with the precision policy its products follow, or the
+    CPU model with its core count (a CPU's float32 products are exact under every policy)."""
     from korch.cost.probe import cpu_model
 
     name = get_device(target).name
-    return name if name != "cpu" else f"cpu:{cpu_model()}:{os.cpu_count()}"
+    return f"{name}:{precision.current().name}" if name != "cpu" else f"cpu:{cpu_model()}:{os.cpu_count()}"
 
 
 @dataclasses.dataclass
@@ -94,11 +96,12 @@ def _build_and_check(backend: Backend, kernel: Graph, device: str) -> _Checked:
     return _Checked("ok", "", result.rel_norm, built.launches, built)
 
 
-def _worker(target: str, kernel: Graph, device: str, backend_name: str) -> _Checked:
+def _worker(target: str, kernel: Graph, device: str, backend_name: str, policy: str) -> _Checked:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     torch.set_num_threads(1)
     backend = next(b for b in backends_for(target) if b.name == backend_name)
-    checked = _build_and_check(backend, kernel, device)
+    with config.patch(precision=policy), precision.applied():  # a spawned process starts from the defaults
+        checked = _build_and_check(backend, kernel, device)
     checked.built = None  # kernels do not cross processes; the main process rebuilds from the caches
     return checked
 
@@ -227,10 +230,15 @@ class KernelMeasurer:
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
-        futures = [self._pool.submit(_worker, self.target, kernels[s], self.device, b.name) for s, b in todo]
+        futures = [self._pool.submit(_worker, self.target, kernels[s], self.device, b.name, precision.current().name)
+                   for s, b in todo]
         return [f.result() for f in futures]
 
     def _measure(self, todo: list[tuple[str, Backend]], kernels: Mapping[str, Graph]) -> list[Record]:
+        with precision.applied():
+            return self._measure_applied(todo, kernels)
+
+    def _measure_applied(self, todo: list[tuple[str, Backend]], kernels: Mapping[str, Graph]) -> list[Record]:
         records = []
         for (s, backend), checked in zip(todo, self._checked_builds(todo, kernels)):
             if self.on_kernel:

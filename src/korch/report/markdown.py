@@ -39,7 +39,8 @@ def _executable(x: dict | None) -> list[str]:
              f"- planned memory: **{memory.get('peak_bytes', 0) / 2**20:.2f} MiB** in {memory.get('buffers', 0)} "
              f"buffers for {memory.get('planned_tensors', 0)} tensors written in place "
              f"(one buffer each: {memory.get('naive_bytes', 0) / 2**20:.2f} MiB)",
-             f"- CUDA graph: {'yes' if x.get('cuda_graph') and x.get('device') == 'cuda' else 'no'}"]
+             f"- CUDA graph: {'yes' if x.get('cuda_graph') and x.get('device') == 'cuda' else 'no'}",
+             f"- precision: {x.get('precision', 'fp32')} (float32 products; `--precision`)"]
     if x.get("runs") == "compiled unit":
         lines.append("- runs as **one compiled unit** (the whole plan in one AOTInductor package, `model.pt2`: "
                      "no Python between kernels; Inductor plans its buffers)")

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from korch import precision
 from korch.ir.graph import Graph
 from korch.ir.interpret import as_torch
 from korch.ir.ops import Op
@@ -91,6 +92,7 @@ def assemble(graph: Graph, plan: Plan, steps: Sequence[BuiltStep], *, target: st
                      "refused": s.refused} for s in steps],
         "memory": {"buffers": len(memory.buffer_bytes), "planned_tensors": len(memory.assignment),
                    "peak_bytes": memory.peak_bytes, "naive_bytes": memory.naive_bytes},
+        "precision": precision.current().name,
         "cuda_graph": executable.cuda_graph,
         "runs": "compiled unit" if unit is not None else "kernel by kernel",
         "unit": {**unit_manifest(device), **(unit_choice or {})} if unit is not None else {"why_not": unit_note},

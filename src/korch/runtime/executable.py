@@ -20,12 +20,14 @@ its outputs are fresh tensors, returned without a copy.
 
 from __future__ import annotations
 
+import contextlib
 import types
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
+from korch import precision
 from korch.errors import KorchError
 from korch.ir import dtypes
 
@@ -53,6 +55,11 @@ class Executable:
         self._static_outputs: tuple[torch.Tensor, ...] = ()
         self.cuda_graph = use_cuda_graph and self.device.type == "cuda" and unit is None
 
+    @property
+    def precision(self) -> precision.Policy:
+        """The float32 arithmetic it was built and checked under (the manifest's; older ones are fp32)."""
+        return precision.get(self.manifest.get("precision", precision.DEFAULT))
+
     # -- calling -------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
@@ -75,7 +82,9 @@ class Executable:
         return {name: o.cpu().numpy() for name, o in zip(self.output_names, self._launch(tensors))}
 
     def _launch(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        with torch.inference_mode():
+        # torch's TF32 switches are global: a GPU executable sets its own for its call (a CPU ignores them)
+        with torch.inference_mode(), precision.applied(self.precision) if self.device.type == "cuda" \
+                else contextlib.nullcontext():
             if self.unit is not None:
                 return self.unit(*inputs)
             if self.cuda_graph and self._calls >= WARMUP_CALLS:

@@ -63,22 +63,24 @@ def seeded_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int | 
     return ort.random_inputs(specs, config.seed if seed is None else seed)
 
 
-def check_outputs(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> ModelCheck:
+def check_outputs(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray],
+                  tolerance: float = FLOAT_TOLERANCE) -> ModelCheck:
     results = []
     for name, want in expected.items():
         got = np.asarray(actual[name])
-        result = compare(torch.from_numpy(np.ascontiguousarray(got)), np.asarray(want), name)
+        result = compare(torch.from_numpy(np.ascontiguousarray(got)), np.asarray(want), name, tolerance)
         scale = float(np.abs(want).max(initial=0.0)) if want.dtype.kind in "fc" and want.size else 0.0
         finite = np.isfinite(result.max_abs)
         max_rel = result.max_abs / scale if scale > 0 and finite else (result.max_abs if finite else float("inf"))
         results.append(OutputCheck(name, result.ok, result.max_abs, max_rel, result.rel_norm, result.message))
-    return ModelCheck(tuple(results))
+    return ModelCheck(tuple(results), tolerance)
 
 
 def check_against_onnxruntime(executable, reference_model, feeds: Mapping[str, np.ndarray] | None = None,
                               seed: int | None = None) -> ModelCheck:
-    """Run ``executable`` and ONNX Runtime on ``reference_model`` (a path, bytes or ModelProto) and compare."""
+    """Run ``executable`` and ONNX Runtime on ``reference_model`` (a path, bytes or ModelProto) and compare,
+    within the tolerance of the executable's precision policy."""
     specs = {name: (shape, dtype) for name, (shape, dtype) in executable.input_specs.items()}
     feeds = dict(feeds) if feeds is not None else seeded_inputs(specs, seed)
     expected = ort.run_model(reference_model, feeds, executable.output_names)
-    return check_outputs(executable.run(feeds), expected)
+    return check_outputs(executable.run(feeds), expected, executable.precision.model_tolerance)

@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 from collections.abc import Sequence
 
+from korch import precision
 from korch.backends.triton import scalar
 from korch.backends.triton.emit import Emitter, Val
 from korch.backends.triton.generated import GeneratedKernel, Variant
@@ -42,8 +43,6 @@ from korch.backends.triton.kernel_class import KernelClass, Refuse, check_ops
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import ELEMENTWISE, LAYOUT, Op
 
-# tl.dot's handling of float32 operands: "tf32" (tensor cores, ~3e-4 relative error), "tf32x3" or "ieee".
-DEFAULT_PRECISION = "tf32"
 GROUP_M = 8
 DOT_DTYPES = ("float16", "float32")
 SIDE_BLOCK = 1024
@@ -108,8 +107,13 @@ class GemmClass(KernelClass):
     name = "gemm"
     op: Op
 
-    def __init__(self, input_precision: str = DEFAULT_PRECISION):
-        self.input_precision = input_precision
+    def __init__(self, input_precision: str | None = None):
+        self._input_precision = input_precision
+
+    @property
+    def input_precision(self) -> str:
+        """``tl.dot``'s handling of float32 operands: as given, else the run's precision policy's."""
+        return self._input_precision or precision.current().dot_input_precision
 
     # --- what a class says ----------------------------------------------------------------------------------
 

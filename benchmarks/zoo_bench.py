@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PAPER_TUNING_HOURS = {"candy": 5.5, "efficientvit": 11.5, "yolov4": 12.2, "yolox_nano": 2.8, "segformer_b0": 9.2}
 
 
-def run_model(name: str, target: str, cost: str, db: str | None, peers: list[str], budget: float, jobs) -> dict:
+def run_model(name: str, target: str, cost: str, db: str | None, peers: list[str], budget: float, jobs,
+              precision: str | None = None) -> dict:
     from korch import bench
     from korch.pipeline import optimize
     from korch.runtime.load import load
@@ -35,7 +36,7 @@ def run_model(name: str, target: str, cost: str, db: str | None, peers: list[str
     with tempfile.TemporaryDirectory(prefix=f"korch-{name}-") as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         start = time.perf_counter()
-        compiled = optimize(f"zoo:{name}", output=out, target=target, cost=cost, db=db, jobs=jobs)
+        compiled = optimize(f"zoo:{name}", output=out, target=target, cost=cost, db=db, jobs=jobs, precision=precision)
         optimize_s = time.perf_counter() - start
         start = time.perf_counter()
         executable = load(out)
@@ -105,15 +106,17 @@ def main() -> int:
     parser.add_argument("--models", help="comma-separated zoo names (default: all)")
     parser.add_argument("--against", default="eager,compile,ort")
     parser.add_argument("--budget", type=float, default=2.0)
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32"))
     args = parser.parse_args()
     names = args.models.split(",") if args.models else [m.name for m in zoo.list_models()]
     peers = args.against.split(",")
-    out = ROOT / "benchmarks" / "results" / f"zoo_{args.target}_{args.cost}.json"
+    suffix = "" if args.precision == "fp32" else f"_{args.precision}"
+    out = ROOT / "benchmarks" / "results" / f"zoo_{args.target}_{args.cost}{suffix}.json"
     rows = json.loads(out.read_text()) if out.exists() else []
     for name in names:
         print(f"{name}: optimize ({args.cost}) and bench ...", flush=True)
         try:
-            row = run_model(name, args.target, args.cost, args.db, peers, args.budget, args.jobs)
+            row = run_model(name, args.target, args.cost, args.db, peers, args.budget, args.jobs, args.precision)
         except Exception as exc:  # a model that fails is recorded and the run goes on
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             row = {"model": f"zoo:{name}", "error": f"{type(exc).__name__}: {first}"}
@@ -123,7 +126,7 @@ def main() -> int:
     order = {f"zoo:{m.name}": i for i, m in enumerate(zoo.list_models())}
     rows.sort(key=lambda r: order.get(r["model"], 99))
     command = "python benchmarks/zoo_bench.py " + " ".join(sys.argv[1:])
-    print(f"wrote {out} and {update_benchmarks_md(args.target, args.cost, rows, peers, command)}")
+    print(f"wrote {out} and {update_benchmarks_md(args.target, args.cost + suffix.replace("_", ", "), rows, peers, command)}")
     return 0
 
 

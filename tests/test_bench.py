@@ -85,3 +85,11 @@ def test_systems_take_turns_and_a_peer_failing_midway_is_named(monkeypatch):
     assert result.korch.median_s == 4.0 and result.korch.runs == 12  # rounds at 1, 4, 7
     assert result.peers[0].median_s == 2.0 * 6  # rounds at 3, 6, 8
     assert result.to_json()["precision"] == "tf32" and not torch.backends.cuda.matmul.allow_tf32
+
+
+def test_every_compile_mode_is_a_peer_and_the_graphed_eager_peer_needs_a_gpu():
+    assert set(bench.COMPILE_MODES) <= set(bench.PEERS) and {"eager-cuda-graph", "ort"} <= set(bench.PEERS)
+    assert bench.COMPILE_MODES["compile-reduce-overhead"] == "reduce-overhead"
+    if not torch.cuda.is_available():
+        with pytest.raises(KorchError, match="needs a GPU"):
+            bench._peer("eager-cuda-graph", torch.nn.Identity(), b"")

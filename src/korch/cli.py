@@ -117,7 +117,7 @@ def cmd_optimize(args) -> int:
             input_shapes=_input_shapes(args.input_shape), time_limit=args.time_limit, cut_points=args.cut_points,
             max_kernel_nodes=args.max_kernel_nodes, plan_only=args.plan_only,
             compiled_unit=False if args.kernel_by_kernel else None, progress=_callbacks(progress, task),
-            precision=args.precision)
+            precision=args.precision, cuda_graph=False if args.no_cuda_graph else None)
     out = args.output
     plan = result.plan
     optimal = all(s.optimal for s in plan.segments)
@@ -231,7 +231,8 @@ def cmd_bench(args) -> int:
             outdir = Path(config.cache_dir) / "bench" / f"{name}-{args.target or 'auto'}-{args.cost}"
         optimized = optimize(args.model, output=outdir, target=args.target, cost=args.cost, db=args.db,
                              jobs=args.jobs, input_shapes=_input_shapes(args.input_shape),
-                             progress=_callbacks(progress, task), precision=args.precision)
+                             progress=_callbacks(progress, task), precision=args.precision,
+                             cuda_graph=False if args.no_cuda_graph else None)
         if optimized.executable is None:
             raise KorchError(f"korch bench runs on the target's device; no {optimized.plan.target} here")
         executable = optimized.executable
@@ -344,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--precision", choices=("fp32", "tf32"),
                        help="how a GPU computes float32 products, korch's kernels, the libraries and the peers "
                             "alike: fp32 (exact; default) or tf32 (tensor cores, operands rounded to TF32)")
+        p.add_argument("--no-cuda-graph", action="store_true",
+                       help="on a GPU, launch the kernels one at a time instead of replaying a CUDA graph")
         p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
 
     p = sub.add_parser("optimize", help="choose the optimal kernels and write the executable to OUTDIR")
@@ -372,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(p)
     plan_args(p)
     p.add_argument("--against", default="eager,compile,ort", metavar="PEERS",
-                   help="comma-separated: eager, compile, compile-max-autotune, ort (default: eager,compile,ort)")
+                   help="comma-separated: eager, eager-cuda-graph (GPU), compile, compile-reduce-overhead, "
+                        "compile-max-autotune, ort (default: eager,compile,ort)")
     p.add_argument("-o", "--output", type=Path, metavar="OUTDIR",
                    help="where to write korch's executable (default: under the korch cache)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")

@@ -51,6 +51,10 @@ compiled_unit: bool = os.environ.get("KORCH_COMPILED_UNIT", "1") != "0"
 # How float32 matrix products are computed on a GPU: "fp32" (exact) or "tf32" (tensor cores); see precision.py.
 precision: str = os.environ.get("KORCH_PRECISION", "fp32")
 
+# On a GPU, capture the launch sequence in a CUDA graph and replay it; a capture that fails is an error.
+# Off (`--no-cuda-graph`), the executable runs its kernels one launch at a time.
+cuda_graph: bool = os.environ.get("KORCH_CUDA_GRAPH", "1") != "0"
+
 # Seed of every random input korch makes (checks, shape probes, benchmarks).
 seed: int = int(os.environ.get("KORCH_SEED", "0"))
 

@@ -80,7 +80,7 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
              input_shapes: Mapping[str, Sequence[int]] | None = None, time_limit: float | None = None,
              cut_points: str | None = None, max_kernel_nodes: int | None = None, plan_only: bool = False,
              compiled_unit: bool | None = None, progress: Progress | None = None,
-             precision: str | None = None) -> Optimized:
+             precision: str | None = None, cuda_graph: bool | None = None) -> Optimized:
     """The optimal plan of ``model`` (a path, ``zoo:NAME`` or a ModelProto) for ``target``, and with
     ``output`` its executable, built, checked against ONNX Runtime and written there.
 
@@ -93,7 +93,8 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     written (the directory then has no manifest: nothing loads it). ``compiled_unit`` (default
     ``config.compiled_unit``): on a CPU, the executable is the whole plan compiled into one package
     (``runtime/unit.py``) where it can be. ``precision`` (default ``config.precision``): how a GPU computes
-    float32 products, korch's kernels and the libraries alike (``korch/precision.py``).
+    float32 products, korch's kernels and the libraries alike (``korch/precision.py``). ``cuda_graph``
+    (default ``config.cuda_graph``): a GPU executable replays a CUDA graph; a capture that fails is an error.
     """
     from korch import config
     from korch import precision as policies
@@ -103,7 +104,7 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     target = target or detect_target()
     if policy.tf32 and get_device(target).name == "cpu":
         raise KorchError(f"--precision {policy.name} is for GPU targets: a CPU computes float32 products exactly")
-    with policies.use(policy):
+    with policies.use(policy), config.patch(cuda_graph=config.cuda_graph if cuda_graph is None else cuda_graph):
         return _optimize(model, output=output, target=target, cost=cost, db=db, jobs=jobs, input_shapes=input_shapes,
                          time_limit=time_limit, cut_points=cut_points, max_kernel_nodes=max_kernel_nodes,
                          plan_only=plan_only, compiled_unit=compiled_unit, progress=progress)

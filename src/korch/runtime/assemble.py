@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from korch import precision
+from korch import config, precision
 from korch.ir.graph import Graph
 from korch.ir.interpret import as_torch
 from korch.ir.ops import Op
@@ -52,9 +52,15 @@ def constant_outputs(graph: Graph, device: str) -> dict[str, torch.Tensor]:
     return {t: as_torch(graph.constants[t]).to(device) for t in graph.outputs if t in graph.constants}
 
 
-def _capturable(kernels: list[Graph]) -> bool:
-    """Whether the sequence can be a CUDA graph: opaque primitives run in ONNX Runtime on the CPU."""
-    return not any(node.op is Op.OPAQUE for k in kernels for node in k.nodes)
+def _why_no_cuda_graph(kernels: list[Graph], device: str) -> str | None:
+    """None when the sequence is to be a CUDA graph, else why not."""
+    if device != "cuda":
+        return "not a GPU"
+    if not config.cuda_graph:
+        return "not asked for (--no-cuda-graph)"
+    if any(node.op is Op.OPAQUE for k in kernels for node in k.nodes):
+        return "an opaque primitive runs in ONNX Runtime on the CPU"
+    return None
 
 
 def assemble(graph: Graph, plan: Plan, steps: Sequence[BuiltStep], *, target: str, device: str,
@@ -77,8 +83,9 @@ def assemble(graph: Graph, plan: Plan, steps: Sequence[BuiltStep], *, target: st
     _check_round_trip(graph, bundle.graph_from_bytes(files["graph.json"], files["weights.npz"]))
     if unit is not None:
         files[UNIT_FILE] = unit
+    no_cuda_graph = _why_no_cuda_graph([s.kernel for s in steps], device)
     executable = Executable(module_from_source(source), [s.built for s in steps], constant_outputs(graph, device),
-                            device, use_cuda_graph=_capturable([s.kernel for s in steps]),
+                            device, use_cuda_graph=no_cuda_graph is None,
                             unit=None if unit is None else CompiledUnit.from_bytes(unit))
     memory = layout.memory
     manifest = {
@@ -93,7 +100,8 @@ def assemble(graph: Graph, plan: Plan, steps: Sequence[BuiltStep], *, target: st
         "memory": {"buffers": len(memory.buffer_bytes), "planned_tensors": len(memory.assignment),
                    "peak_bytes": memory.peak_bytes, "naive_bytes": memory.naive_bytes},
         "precision": precision.current().name,
-        "cuda_graph": executable.cuda_graph,
+        "cuda_graph": executable.cuda_graph,  # a capture that fails raises: the check replays it before writing
+        **({"cuda_graph_why_not": no_cuda_graph} if no_cuda_graph and device == "cuda" else {}),
         "runs": "compiled unit" if unit is not None else "kernel by kernel",
         "unit": {**unit_manifest(device), **(unit_choice or {})} if unit is not None else {"why_not": unit_note},
     }

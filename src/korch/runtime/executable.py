@@ -11,7 +11,9 @@ both ways. Outputs are copies: a later call never changes them.
 On CUDA the launch sequence is captured in a CUDA graph after warm-up and
 replayed from then on (inputs copied into the captured input tensors); a
 sequence that cannot be captured (an opaque primitive runs in ONNX Runtime on
-the CPU) runs kernel by kernel, and ``cuda_graph`` says which.
+the CPU) runs kernel by kernel, and ``cuda_graph`` says which. A capture that
+fails is an error (``CudaGraphFailed``), never a silent switch to kernel by
+kernel: ``korch optimize --no-cuda-graph`` builds one that does not capture.
 
 With a compiled unit (``runtime/unit.py``: the whole plan in one AOTInductor
 package) the unit runs instead of ``launch``: no Python between kernels, and
@@ -28,10 +30,14 @@ import numpy as np
 import torch
 
 from korch import precision
-from korch.errors import KorchError
+from korch.errors import KorchError, one_line
 from korch.ir import dtypes
 
 WARMUP_CALLS = 2
+
+
+class CudaGraphFailed(KorchError):
+    """The launch sequence could not be captured in a CUDA graph."""
 
 
 class Executable:
@@ -59,6 +65,12 @@ class Executable:
     def precision(self) -> precision.Policy:
         """The float32 arithmetic it was built and checked under (the manifest's; older ones are fp32)."""
         return precision.get(self.manifest.get("precision", precision.DEFAULT))
+
+    @property
+    def calls_until_replay(self) -> int:
+        """Calls after which this one replays its CUDA graph (0 without one): a check of a replayed call makes
+        this many calls first."""
+        return max(WARMUP_CALLS - self._calls, 0) if self.cuda_graph else 0
 
     # -- calling -------------------------------------------------------------------------
 
@@ -97,18 +109,15 @@ class Executable:
     def _replay(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         if self._graph is None:
             self._static_inputs = [x.clone() for x in inputs]
-            graph = torch.cuda.CUDAGraph()
-            torch.cuda.synchronize(self.device)
             try:
+                graph = torch.cuda.CUDAGraph()
+                torch.cuda.synchronize(self.device)
                 with torch.cuda.graph(graph):
                     self._static_outputs = self.module.launch(self.kernels, self._slots, self._constants,
                                                               *self._static_inputs)
-            except Exception as exc:  # a kernel that cannot be captured: run kernel by kernel from now on
-                import warnings
-
-                warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}); running kernel by kernel")
-                self.cuda_graph = False
-                return self.module.launch(self.kernels, self._slots, self._constants, *inputs)
+            except Exception as exc:  # never a silent fallback: the timings and the manifest would not be its
+                raise CudaGraphFailed(f"CUDA graph capture failed ({one_line(exc)}); run korch optimize with "
+                                      "--no-cuda-graph to run kernel by kernel") from None
             self._graph = graph
         for static, x in zip(self._static_inputs, inputs):
             static.copy_(x)

@@ -34,6 +34,7 @@ class OutputCheck:
 class ModelCheck:
     outputs: tuple[OutputCheck, ...]
     tolerance: float = FLOAT_TOLERANCE
+    replayed: bool = False   # the checked call replayed the executable's CUDA graph
 
     @property
     def ok(self) -> bool:
@@ -50,12 +51,14 @@ class ModelCheck:
     def summary(self) -> str:
         verdict = "matches ONNX Runtime" if self.ok else "DOES NOT match ONNX Runtime"
         text = (f"{verdict}: max abs error {self.max_abs:.3g}, max rel error {self.max_rel:.3g} "
-                f"over {len(self.outputs)} output(s) (tolerance: relative norm {self.tolerance:g})")
+                f"over {len(self.outputs)} output(s) (tolerance: relative norm {self.tolerance:g})"
+                + ("; CUDA graph replay checked" if self.replayed else ""))
         failed = [o.message for o in self.outputs if not o.ok]
         return text + (f"; {'; '.join(failed)}" if failed else "")
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "max_abs": self.max_abs, "max_rel": self.max_rel, "tolerance": self.tolerance,
+                "replayed": self.replayed,
                 "outputs": [dataclasses.asdict(o) for o in self.outputs]}
 
 
@@ -79,8 +82,16 @@ def check_outputs(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.nd
 def check_against_onnxruntime(executable, reference_model, feeds: Mapping[str, np.ndarray] | None = None,
                               seed: int | None = None) -> ModelCheck:
     """Run ``executable`` and ONNX Runtime on ``reference_model`` (a path, bytes or ModelProto) and compare,
-    within the tolerance of the executable's precision policy."""
+    within the tolerance of the executable's precision policy. An executable that replays a CUDA graph is
+    checked on a replayed call too (a capture that fails raises ``CudaGraphFailed``)."""
     specs = {name: (shape, dtype) for name, (shape, dtype) in executable.input_specs.items()}
     feeds = dict(feeds) if feeds is not None else seeded_inputs(specs, seed)
     expected = ort.run_model(reference_model, feeds, executable.output_names)
-    return check_outputs(executable.run(feeds), expected, executable.precision.model_tolerance)
+    tolerance = executable.precision.model_tolerance
+    result = check_outputs(executable.run(feeds), expected, tolerance)
+    if not result.ok or not executable.cuda_graph:
+        return result
+    for _ in range(executable.calls_until_replay):
+        executable.run(feeds)
+    replayed = check_outputs(executable.run(feeds), expected, tolerance)  # the captured graph's own outputs
+    return dataclasses.replace(replayed, replayed=True)

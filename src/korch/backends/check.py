@@ -92,11 +92,40 @@ def check(built: BuiltKernel, kernel: Graph, *, device: str = "cpu", seed: int =
     negative inputs), the inputs are redrawn positive so that the check still
     tests something.
     """
+    return _check_against(built, kernel, *_reference(kernel, seed), device)
+
+
+def checked_variants(built: BuiltKernel, kernel: Graph, *, device: str = "cpu", seed: int = 0) -> tuple[int, ...]:
+    """The indices of the launch variants of ``built`` (a Triton kernel's ``generated.variants``) whose outputs
+    check, each into freshly poisoned buffers; a variant that raises does not check. ``built`` keeps the
+    variant it had."""
+    variants = getattr(getattr(built, "generated", None), "variants", ())
+    inputs, expected = _reference(kernel, seed)
+    chosen, ok = built.variant, []
+    try:
+        for index, variant in enumerate(variants):
+            built.variant = variant
+            try:
+                if _check_against(built, kernel, inputs, expected, device).ok:
+                    ok.append(index)
+            except Exception:
+                continue
+    finally:
+        built.variant = chosen
+    return tuple(ok)
+
+
+def _reference(kernel: Graph, seed: int) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
     inputs = random_inputs(kernel, seed)
     expected = interpret.run(kernel, dict(zip(kernel.inputs, inputs)))
     if _mostly_nan(expected.values()):
         inputs = random_inputs(kernel, seed, positive=True)
         expected = interpret.run(kernel, dict(zip(kernel.inputs, inputs)))
+    return inputs, expected
+
+
+def _check_against(built: BuiltKernel, kernel: Graph, inputs: Sequence[torch.Tensor],
+                   expected: dict[str, np.ndarray], device: str) -> CheckResult:
     buffers = _poisoned(kernel, device)
     actual = built(*[x.to(device) for x in inputs], out=buffers)
     if device.startswith("cuda"):

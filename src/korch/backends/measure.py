@@ -36,7 +36,7 @@ import torch
 
 from korch import config, precision
 from korch.backends.base import Backend
-from korch.backends.check import check, random_inputs
+from korch.backends.check import check, checked_variants, random_inputs
 from korch.backends.db import ProfileDB, Record
 from korch.backends.registry import backends_for, device_for
 from korch.backends.timing import rotation_sets, time_kernel
@@ -80,6 +80,7 @@ class _Checked:
     max_rel_error: float | None = None
     launches: int = 0
     built: object = None      # the kernel, when it was built in this process
+    variants: tuple[int, ...] = ()  # the launch variants that check (Triton kernels), the only ones timed
 
 
 def _build_and_check(backend: Backend, kernel: Graph, device: str) -> _Checked:
@@ -93,7 +94,8 @@ def _build_and_check(backend: Backend, kernel: Graph, device: str) -> _Checked:
         return _Checked("check_failed", _one_line(exc), None, built.launches)
     if not result.ok:
         return _Checked("check_failed", result.message, result.rel_norm, built.launches)
-    return _Checked("ok", "", result.rel_norm, built.launches, built)
+    variants = checked_variants(built, kernel, device=device) if hasattr(built, "tune") else ()
+    return _Checked("ok", "", result.rel_norm, built.launches, built, variants)
 
 
 def _worker(target: str, kernel: Graph, device: str, backend_name: str, policy: str) -> _Checked:
@@ -225,14 +227,24 @@ class KernelMeasurer:
                                     for r in found[s] if not r.ok]
 
     def _checked_builds(self, todo, kernels) -> list[_Checked]:
-        if self.jobs == 1 or len(todo) < 2:
+        # on a GPU every kernel is built and checked in a worker: a variant that faults (an illegal address)
+        # poisons its process's CUDA context, which must not be this one
+        if self.device == "cpu" and (self.jobs == 1 or len(todo) < 2):
             return [_build_and_check(b, kernels[s], self.device) for s, b in todo]
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
         futures = [self._pool.submit(_worker, self.target, kernels[s], self.device, b.name, precision.current().name)
                    for s, b in todo]
-        return [f.result() for f in futures]
+        results = []
+        for future in futures:
+            try:
+                results.append(future.result())
+            except Exception as exc:  # the worker died (a faulting kernel): a failure of this kernel, not the run
+                results.append(_Checked("worker_died", _one_line(exc)))
+        if any(r.status == "worker_died" for r in results):
+            self.close()  # a broken pool takes no more work: the next batch starts a fresh one
+        return results
 
     def _measure(self, todo: list[tuple[str, Backend]], kernels: Mapping[str, Graph]) -> list[Record]:
         with precision.applied():
@@ -248,7 +260,7 @@ class KernelMeasurer:
             if status == "ok":
                 try:
                     latency, variant, launches = self._time(checked.built or backend.build(kernels[s], self.device),
-                                                            kernels[s])
+                                                            kernels[s], checked.variants)
                 except Exception as exc:
                     status, message = "timing_failed", _one_line(exc)
             records.append(Record(signature=s, device=self.device_key, backend=backend.name,
@@ -257,15 +269,15 @@ class KernelMeasurer:
             self.stats.measured += 1
         return records
 
-    def _time(self, built, kernel: Graph) -> tuple[float, dict | None, int]:
-        """(median seconds, chosen launch variant, launches); a kernel built by a worker is rebuilt here from the
-        compilers' on-disk caches."""
+    def _time(self, built, kernel: Graph, variants: Sequence[int]) -> tuple[float, dict | None, int]:
+        """(median seconds, chosen launch variant among the checked ``variants``, launches); a kernel built by a
+        worker is rebuilt here from the compilers' on-disk caches."""
         nbytes = sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs))
         sets = rotation_sets(lambda i: [x.to(self.device) for x in random_inputs(kernel, seed=i)], nbytes,
                              device=self.device)
         variant = None
         if hasattr(built, "tune") and self.device != "cpu":  # Triton: keep the fastest launch variant
-            built.tune(lambda call: time_kernel(lambda i: call(), device=self.device).median_s, sets[0])
+            built.tune(lambda call: time_kernel(lambda i: call(), device=self.device).median_s, sets[0], variants)
             variant = {"variant": built.variant.describe()}
         seconds = time_kernel(lambda i: built(*sets[i]), device=self.device, rotate=len(sets)).median_s
         return seconds, variant, built.launches

@@ -3,7 +3,7 @@
 ``TritonKernel`` is the Triton backend's ``BuiltKernel``. On CUDA it launches
 the compiled kernel; on a CPU it runs in Triton's interpreter (only when
 ``TRITON_INTERPRET=1`` was set before triton was imported: CI checks numerics
-that way). ``tune`` times every variant and keeps the fastest.
+that way). ``tune`` times the variants that checked and keeps the fastest.
 
 ``compile_for_target`` compiles a generated kernel for a GPU that need not be
 present (``GPUTarget("cuda", 90, 32)``: Hopper), which proves that it builds
@@ -64,21 +64,25 @@ class TritonKernel:
         self.fn[v.grid](*args, **dict(v.constexprs), num_warps=v.num_warps, num_stages=v.num_stages)
         return write_outputs(results, None)
 
-    def tune(self, time_call: Callable[[Callable[[], object]], float], inputs: Sequence[torch.Tensor]) -> float:
-        """Time every variant with ``time_call`` (seconds of one call); keep the fastest; return its time."""
+    def tune(self, time_call: Callable[[Callable[[], object]], float], inputs: Sequence[torch.Tensor],
+             checked: Sequence[int]) -> float:
+        """Time the variants whose indices are ``checked`` (those whose outputs were checked: an unchecked one is
+        never chosen) with ``time_call`` (seconds of one call); keep the fastest; return its time. Each variant
+        runs once first, so that its compilation is not timed."""
         best, best_time = self.variant, float("inf")
         buffers = self._allocate()
-        for variant in self.generated.variants:
-            self.variant = variant
+        for index in checked:
+            self.variant = self.generated.variants[index]
             try:
+                self(*inputs, out=buffers)  # compiles this variant (Triton compiles at its first launch)
                 seconds = time_call(lambda: self(*inputs, out=buffers))
             except Exception:  # a variant that does not fit (shared memory, registers) is skipped
                 continue
             if seconds < best_time:
-                best, best_time = variant, seconds
+                best, best_time = self.variant, seconds
         self.variant = best
         if best_time == float("inf"):
-            raise BuildError("no launch variant of the Triton kernel ran")
+            raise BuildError("no checked launch variant of the Triton kernel ran")
         return best_time
 
 

@@ -1,0 +1,82 @@
+"""Launch variants: every variant that can be chosen is checked before it is timed, a wrong one is never chosen
+however fast, its compile is not timed, and a build worker that dies is a failure of its kernel, not of the run.
+(Triton kernels run in the interpreter here: tests/conftest.py sets TRITON_INTERPRET=1.)"""
+
+import concurrent.futures
+from concurrent.futures.process import BrokenProcessPool
+import dataclasses
+
+from onnx import helper
+
+from korch.backends.check import checked_variants
+from korch.backends.measure import KernelMeasurer, _Checked
+from korch.backends.triton.launch import TritonKernel
+from korch.backends.triton.pointwise import POINTWISE
+from tests.backends.kernels import kernel
+
+
+def _relu_kernel_with_a_wrong_variant():
+    graph = kernel([helper.make_node("Relu", ["x"], ["y"])], {"x": (64, 96)}, {"y": (64, 96)})
+    generated = POINTWISE.generate(graph)
+    right = generated.variants[0]
+    wrong = dataclasses.replace(right, grid=(1,) * len(right.grid))  # one program: most of the output unwritten
+    generated = dataclasses.replace(generated, variants=(right, wrong))
+    return graph, TritonKernel(graph, generated, "cpu")
+
+
+def test_a_variant_that_writes_wrong_outputs_does_not_check():
+    graph, built = _relu_kernel_with_a_wrong_variant()
+    assert checked_variants(built, graph) == (0,)
+    assert built.variant is built.generated.variants[0]
+
+
+def test_tune_times_checked_variants_only_each_after_its_first_call():
+    graph, built = _relu_kernel_with_a_wrong_variant()
+    events = []
+
+    def time_call(call):
+        events.append(("timed", built.variant))
+        return 1.0 if built.variant is built.generated.variants[0] else 0.1  # the wrong one would win
+
+    launch = built.fn
+
+    class Recording:
+        def __getitem__(self, grid):
+            events.append(("launched", built.variant))
+            return launch[grid]
+
+    built.fn = Recording()
+    built.tune(time_call, [x for x in _inputs(graph)], checked=(0,))
+    assert built.variant is built.generated.variants[0]
+    assert events == [("launched", built.generated.variants[0]), ("timed", built.generated.variants[0])]
+
+
+def _inputs(graph):
+    from korch.backends.check import random_inputs
+
+    return random_inputs(graph, 0)
+
+
+def test_a_worker_that_dies_fails_its_kernel_and_the_next_batch_gets_a_fresh_pool():
+    class DeadPool:
+        shut = False
+
+        def submit(self, *args):
+            future = concurrent.futures.Future()
+            future.set_exception(BrokenProcessPool("a child process terminated abruptly"))
+            return future
+
+        def shutdown(self, cancel_futures=False):
+            DeadPool.shut = True
+
+    measurer = KernelMeasurer.__new__(KernelMeasurer)
+    measurer.device, measurer.jobs, measurer.target, measurer._pool = "cuda", 2, "h100", DeadPool()
+    graph = kernel([helper.make_node("Relu", ["x"], ["y"])], {"x": (4,)}, {"y": (4,)})
+
+    class Backend:
+        name = "triton"
+
+    results = measurer._checked_builds([("s1", Backend()), ("s2", Backend())], {"s1": graph, "s2": graph})
+    assert [r.status for r in results] == ["worker_died", "worker_died"]
+    assert all(isinstance(r, _Checked) and "BrokenProcessPool" in r.message for r in results)
+    assert DeadPool.shut and measurer._pool is None

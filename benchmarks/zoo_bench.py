@@ -27,22 +27,25 @@ ROOT = Path(__file__).resolve().parent.parent
 PAPER_TUNING_HOURS = {"candy": 5.5, "efficientvit": 11.5, "yolov4": 12.2, "yolox_nano": 2.8, "segformer_b0": 9.2}
 
 
-def run_model(name: str, target: str, cost: str, db: str | None, peers: list[str], budget: float, jobs,
-              precision: str | None = None) -> dict:
+def run_model(model: str, target: str, cost: str, db: str | None, peers: list[str], budget: float, jobs,
+              precision: str | None = None, torch_model=None, time_limit: float | None = None) -> dict:
+    """``korch optimize`` of ``model`` (``zoo:NAME`` or an ONNX path), timed, loaded back, checked and benched;
+    the PyTorch peers run ``torch_model`` (an ``nn.Module``; default: what ``model`` names)."""
     from korch import bench
     from korch.pipeline import optimize
     from korch.runtime.load import load
 
-    with tempfile.TemporaryDirectory(prefix=f"korch-{name}-") as out, warnings.catch_warnings():
+    with tempfile.TemporaryDirectory(prefix="korch-bench-") as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         start = time.perf_counter()
-        compiled = optimize(f"zoo:{name}", output=out, target=target, cost=cost, db=db, jobs=jobs, precision=precision)
+        compiled = optimize(model, output=out, target=target, cost=cost, db=db, jobs=jobs, precision=precision,
+                            time_limit=time_limit)
         optimize_s = time.perf_counter() - start
         start = time.perf_counter()
         executable = load(out)
         load_s = time.perf_counter() - start
-        result = bench.bench(executable, model=f"zoo:{name}", reference_model=compiled.reference, peers=peers,
-                             target=target, budget_s=budget)
+        result = bench.bench(executable, model=model if torch_model is None else torch_model,
+                             reference_model=compiled.reference, peers=peers, target=target, budget_s=budget)
     plan = compiled.plan
     return {**result.to_json(), "optimize_s": optimize_s, "load_s": load_s, "kernels": len(plan.kernels),
             "cost": cost, "runs": compiled.manifest["runs"], "unit": compiled.manifest.get("unit"),
@@ -116,7 +119,8 @@ def main() -> int:
     for name in names:
         print(f"{name}: optimize ({args.cost}) and bench ...", flush=True)
         try:
-            row = run_model(name, args.target, args.cost, args.db, peers, args.budget, args.jobs, args.precision)
+            row = run_model(f"zoo:{name}", args.target, args.cost, args.db, peers, args.budget, args.jobs,
+                            args.precision)
         except Exception as exc:  # a model that fails is recorded and the run goes on
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             row = {"model": f"zoo:{name}", "error": f"{type(exc).__name__}: {first}"}
@@ -126,7 +130,8 @@ def main() -> int:
     order = {f"zoo:{m.name}": i for i, m in enumerate(zoo.list_models())}
     rows.sort(key=lambda r: order.get(r["model"], 99))
     command = "python benchmarks/zoo_bench.py " + " ".join(sys.argv[1:])
-    print(f"wrote {out} and {update_benchmarks_md(args.target, args.cost + suffix.replace("_", ", "), rows, peers, command)}")
+    written = update_benchmarks_md(args.target, args.cost + suffix.replace("_", ", "), rows, peers, command)
+    print(f"wrote {out} and {written}")
     return 0
 
 

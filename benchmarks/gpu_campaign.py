@@ -1,0 +1,239 @@
+"""The GPU campaign: everything a lent GPU's session must measure, in phases that each fit one device command.
+
+A lent H100/H200 comes with 30 minutes of device time and 10 minutes per command, so
+the work is cut in phases, each run by one call, each writing its results as it
+goes (a command killed at its limit still returns what it finished):
+
+* ``smoke``: the environment (GPU, versions) and ``pytest -m gpu`` (every kernel
+  class on CUDA, each launch variant, a zoo executable replayed from its CUDA graph);
+* ``small``: the small zoo models, ``korch optimize`` (roofline costs) and
+  ``korch bench`` against every GPU peer, under the fp32 and the tf32 policy;
+* ``large``: the large zoo models and the ``transformers`` architectures, fp32;
+* ``measured``: a measured search (kernels built, checked and timed), with what
+  fraction of the candidates it measured and how long it took.
+
+Each phase stops starting models once less than ``--reserve`` seconds remain
+before ``--deadline`` (seconds from the start): it records them as skipped.
+Results: at most five files under ``--out`` (``campaign.json``, ``smoke.json``,
+``small.json``, ``large.json``, ``measured.json``), within the device's limit of
+8 files returned. Models are exported where the campaign runs (the GPU machine's
+torch is its own); ``highspy`` must be importable there (``docs/gpu.md``: carried
+as a wheel).
+
+``--dry-run`` runs every phase's code on this CPU in a few minutes: the same
+files, a tiny model instead of the zoo, the CPU target, the CPU's peers, short
+budgets (``tests/test_gpu_campaign.py`` runs it).
+
+    python benchmarks/gpu_campaign.py --out $OUT --phases smoke,small --deadline 540
+    python benchmarks/gpu_campaign.py --dry-run --out /tmp/campaign
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("smoke", "small", "large", "measured")
+SMALL = ("bert_layer", "vit_block", "candy", "yolox_nano", "segformer_b0")
+LARGE = ("efficientvit", "yolov4", "hf_bert", "hf_gpt2", "hf_llama", "hf_vit", "hf_whisper_encoder")
+MEASURED = ("bert_layer", "candy")
+GPU_PEERS = ["eager", "eager-cuda-graph", "compile", "compile-reduce-overhead", "compile-max-autotune", "ort"]
+CPU_PEERS = ["eager", "compile", "ort"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    ref: str                   # "zoo:NAME" or an ONNX path
+    torch_model: object = None  # the nn.Module the PyTorch peers run (None: what ``ref`` names)
+
+    @property
+    def name(self) -> str:
+        return Path(self.ref).stem.removeprefix("zoo:")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    target: str
+    models: dict[str, tuple[Model, ...]]      # per phase (smoke has none)
+    precisions: dict[str, tuple[str, ...]]    # per phase
+    peers: list[str]
+    budget_s: float
+    smoke_tests: list[str]                    # pytest arguments
+    measured_time_limit_s: float | None
+    db: Path                                  # the measured phase's profile database (not a result: not in --out)
+
+
+def gpu_setting() -> Setting:
+    from korch.pipeline import detect_target
+
+    zoo = lambda names: tuple(Model(f"zoo:{n}") for n in names)  # noqa: E731
+    return Setting(target=detect_target(), models={"small": zoo(SMALL), "large": zoo(LARGE), "measured": zoo(MEASURED)},
+                   precisions={"small": ("fp32", "tf32"), "large": ("fp32",), "measured": ("fp32",)},
+                   peers=GPU_PEERS, budget_s=2.0, smoke_tests=["-m", "gpu", "tests"], measured_time_limit_s=None,
+                   db=Path(tempfile.gettempdir()) / "korch-campaign-profile.sqlite")  # kept while the machine is
+
+
+def dry_setting(workdir: Path) -> Setting:
+    tiny = Model(str(_tiny_model(workdir)), _TinyNet())
+    return Setting(target="cpu", models={"small": (tiny,), "large": (tiny,), "measured": (tiny,)},
+                   precisions={"small": ("fp32",), "large": ("fp32",), "measured": ("fp32",)},
+                   peers=CPU_PEERS, budget_s=0.05, smoke_tests=["-m", "gpu", "tests/gpu"], measured_time_limit_s=60,
+                   db=workdir / "profile.sqlite")
+
+
+def _tiny_net_class():
+    import torch
+
+    class TinyNet(torch.nn.Module):
+        """A convolution, a normalisation and a matrix product: one of each kind of kernel, tiny."""
+
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.norm = torch.nn.LayerNorm(8)
+            self.head = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            h = torch.relu(self.conv(x)).mean(dim=(2, 3))
+            return torch.softmax(self.head(self.norm(h)), dim=-1)
+
+    return TinyNet
+
+
+def _TinyNet():  # noqa: N802 - builds an instance of the class above
+    return _tiny_net_class()().eval()
+
+
+def _tiny_model(workdir: Path) -> Path:
+    import torch
+
+    from korch.frontend.torch_module import export_module
+
+    return export_module(_TinyNet(), (torch.rand(1, 3, 8, 8),), workdir / "tiny.onnx", input_names=["x"])
+
+
+class Campaign:
+    def __init__(self, out: Path, setting: Setting, deadline_s: float, reserve_s: float, jobs: int | None):
+        self.out, self.setting, self.reserve_s, self.jobs = out, setting, reserve_s, jobs
+        self.started = time.monotonic()
+        self.deadline = self.started + deadline_s
+        out.mkdir(parents=True, exist_ok=True)
+
+    def left_s(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def write(self, name: str, data) -> None:
+        from korch.fsutil import atomic_write_bytes
+
+        atomic_write_bytes(self.out / f"{name}.json", json.dumps(data, indent=1, default=str).encode())
+
+    def environment(self, phases: list[str], dry_run: bool) -> dict:
+        import torch
+
+        from korch.runtime import bundle
+
+        return {"date": time.strftime("%Y-%m-%d"), "dry_run": dry_run, "target": self.setting.target,
+                "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                "versions": bundle.versions(), "phases": phases,
+                "command": " ".join(["python", "benchmarks/gpu_campaign.py", *sys.argv[1:]])}
+
+    def smoke(self) -> dict:
+        env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT)}
+        command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *self.setting.smoke_tests]
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=max(self.left_s() - self.reserve_s, 30))
+            status, output = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as exc:
+            status, output = "timed out", (exc.stdout or b"").decode(errors="replace") if exc.stdout else ""
+        result = {"command": " ".join(command[1:]), "exit": status, "seconds": time.perf_counter() - start,
+                  "summary": output.strip().splitlines()[-1] if output.strip() else "", "tail": output[-4000:]}
+        self.write("smoke", result)
+        return result
+
+    def models(self, phase: str, cost: str) -> list[dict]:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from zoo_bench import run_model
+
+        rows: list[dict] = []
+        for precision in self.setting.precisions[phase]:
+            for model in self.setting.models[phase]:
+                row = {"model": model.ref if model.ref.startswith("zoo:") else model.name, "precision": precision,
+                       "cost": cost}
+                if self.left_s() < self.reserve_s:
+                    row["skipped"] = f"deadline: {self.left_s():.0f} s left"
+                else:
+                    print(f"{phase}: {model.name} ({precision}, {cost}) ...", flush=True)
+                    try:
+                        row.update(run_model(model.ref, self.setting.target, cost, str(self.setting.db), self.setting.peers,
+                                             self.setting.budget_s, self.jobs, precision, model.torch_model,
+                                             self.setting.measured_time_limit_s if cost == "measured" else None))
+                    except Exception as exc:  # a model that fails is recorded and the phase goes on
+                        from korch.errors import one_line
+
+                        row["error"] = one_line(exc)
+                rows.append(row)
+                self.write(phase, rows)
+                print(f"  {_summary(row)}", flush=True)
+        return rows
+
+
+def _summary(row: dict) -> str:
+    if "skipped" in row or "error" in row:
+        return row.get("skipped") or row["error"]
+    k = row["korch"]["median_s"]
+    ratios = ", ".join(f"{p['name']} {p['median_s'] / k:.2f}x" for p in row["peers"])
+    return f"korch {k * 1e3:.3f} ms ({ratios}); check {'ok' if row['check']['ok'] else 'FAILED'}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="where the result files go ($OUT on the device)")
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
+    parser.add_argument("--deadline", type=float, default=540, help="seconds from the start to stop starting work")
+    parser.add_argument("--reserve", type=float, default=90, help="seconds a model may need; none starts with less left")
+    parser.add_argument("--jobs", type=int, help="kernel-building processes (default: korch's)")
+    parser.add_argument("--dry-run", action="store_true", help="every phase on this CPU, a tiny model, minutes")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    phases = [p for p in args.phases.split(",") if p]
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown:
+        parser.error(f"unknown phase(s) {', '.join(unknown)}; known: {', '.join(PHASES)}")
+    try:
+        import highspy  # noqa: F401 - the solver; missing on the GPU machine unless carried (docs/gpu.md)
+    except ImportError:
+        parser.error("highspy is not importable: carry its wheel (docs/gpu.md)")
+    with tempfile.TemporaryDirectory(prefix="korch-campaign-") as workdir:
+        setting = dry_setting(Path(workdir)) if args.dry_run else gpu_setting()
+        if not args.dry_run and setting.target == "cpu":
+            parser.error("no GPU here: use --dry-run on a CPU")
+        campaign = Campaign(args.out, setting, args.deadline, 0 if args.dry_run else args.reserve, args.jobs)
+        record = campaign.environment(phases, args.dry_run)
+        campaign.write("campaign", record)
+        for phase in phases:
+            started = time.perf_counter()
+            if phase == "smoke":
+                outcome = campaign.smoke()["summary"]
+            else:
+                rows = campaign.models(phase, "measured" if phase == "measured" else "roofline")
+                outcome = f"{sum('korch' in r for r in rows)} of {len(rows)} runs done"
+            record.setdefault("phase_results", {})[phase] = {"seconds": time.perf_counter() - started,
+                                                              "outcome": outcome}
+            campaign.write("campaign", record)
+            print(f"{phase}: {outcome}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

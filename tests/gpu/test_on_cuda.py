@@ -1,0 +1,52 @@
+"""On a GPU (marked ``gpu``: skipped without CUDA; the campaign runs them first, ``TRITON_INTERPRET=0``): every
+kernel class korch's Triton generator writes, and Inductor's and the libraries' kernels, built for CUDA and
+checked against the reference executor into poisoned outputs, at several shapes and under both precision
+policies; each launch variant that the search could choose checks; a whole zoo model's executable matches ONNX
+Runtime on its first call and on a replayed CUDA graph."""
+
+import pytest
+
+from korch import config, precision
+from korch.backends.check import check, checked_variants
+from korch.backends.inductor import InductorBackend
+from korch.backends.library import LibraryBackend
+from korch.backends.triton.backend import TritonBackend, kernel_class_of
+from tests.backends import cases
+
+pytestmark = pytest.mark.gpu
+
+BACKENDS = {"triton": TritonBackend, "inductor": InductorBackend, "library": LibraryBackend}
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32"])
+@pytest.mark.parametrize("case", sorted(cases.ALL))
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_each_kernel_checks_on_cuda(backend, case, policy):
+    graph = cases.ALL[case]()
+    built_by = BACKENDS[backend]()
+    if built_by.claims(graph) is not None:
+        pytest.skip(f"{backend} does not claim {case}")
+    with precision.use(policy):
+        built = built_by.build(graph, "cuda")
+        result = check(built, graph, device="cuda")
+    assert result.ok, result.message
+
+
+@pytest.mark.parametrize("case", sorted(cases.ALL))
+def test_every_triton_launch_variant_checks_on_cuda(case):
+    graph = cases.ALL[case]()
+    if kernel_class_of(graph) is None:
+        pytest.skip(f"no Triton kernel class writes {case}")
+    built = TritonBackend().build(graph, "cuda")
+    assert checked_variants(built, graph, device="cuda") == tuple(range(len(built.generated.variants)))
+
+
+@pytest.mark.parametrize("name", ["bert_layer", "candy"])
+def test_a_zoo_executable_matches_onnx_runtime_replayed(tmp_path, name):
+    from korch.pipeline import optimize
+
+    with config.patch(compiled_unit=False):
+        result = optimize(f"zoo:{name}", output=tmp_path / "out", cost="roofline")
+    check_result = result.executable.check
+    assert check_result.ok and check_result.replayed, check_result.summary()
+    assert result.manifest["cuda_graph"] is True and result.manifest["device"] == "cuda"

@@ -1,0 +1,58 @@
+"""The GPU campaign's dry run: every phase's code on this CPU (a tiny model, the CPU's peers), writing the files a
+GPU run writes; a phase past its deadline records its models as skipped instead of starting them."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = {"campaign.json", "smoke.json", "small.json", "large.json", "measured.json"}
+
+
+def campaign(out, *args):
+    env = {**os.environ, "KORCH_COMPILED_UNIT": "0", "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_campaign.py"), "--dry-run", "--out", str(out),
+                           *args], capture_output=True, text=True, env=env, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("campaign")
+    done = campaign(out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_the_dry_run_writes_every_file_a_gpu_run_writes(dry_run):
+    assert {p.name for p in dry_run.iterdir()} == FILES  # within the device's 8 files
+    record = json.loads((dry_run / "campaign.json").read_text())
+    assert record["dry_run"] is True and record["target"] == "cpu" and "torch" in record["versions"]
+    assert set(record["phase_results"]) == {"smoke", "small", "large", "measured"}
+
+
+def test_the_smoke_phase_ran_the_gpu_tests_which_skip_here(dry_run):
+    smoke = json.loads((dry_run / "smoke.json").read_text())
+    assert smoke["exit"] == 0 and "skipped" in smoke["summary"] and "-m gpu" in smoke["command"]
+
+
+@pytest.mark.parametrize("phase", ["small", "large", "measured"])
+def test_each_model_phase_optimized_checked_and_benched(dry_run, phase):
+    rows = json.loads((dry_run / f"{phase}.json").read_text())
+    assert rows and all("error" not in r and "skipped" not in r for r in rows), rows
+    for row in rows:
+        assert row["check"]["ok"] and row["korch"]["median_s"] > 0 and row["precision"] == "fp32"
+        assert {p["name"] for p in row["peers"]} == {"eager", "compile", "ort"}
+        assert row["cost"] == ("measured" if phase == "measured" else "roofline")
+    if phase == "measured":
+        assert rows[0]["measurement"]["candidates"] > 0
+
+
+def test_past_its_deadline_a_phase_starts_nothing(tmp_path):
+    done = campaign(tmp_path, "--phases", "small", "--deadline", "0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "small.json").read_text())
+    assert rows and all(r["skipped"].startswith("deadline") for r in rows)

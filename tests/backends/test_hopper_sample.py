@@ -45,3 +45,6 @@ def test_sampled_candidates_compile_for_hopper(model):
                 for k, r in zip(kernels, results) if r.status != "compiled"]
     assert not failures, "\n".join(failures)
     assert len(results) >= 2
+    # every pointer argument is compiled as the JIT specialises it (16-byte aligned): the cubin is the one it runs
+    assert all(r.aligned_args >= r.pointer_args > 0 for r in results), [(r.aligned_args, r.pointer_args)
+                                                                       for r in results]

@@ -91,3 +91,24 @@ def test_evenly_stepping_constant_indices_are_a_slice_not_an_indirect_load():
     _, graph, _ = load_model(model)
     traced = make_fx(kernel_function(graph, "cpu"))(torch.randn(2, 6, 3))
     assert "index_select" not in traced.code and "slice" in traced.code, traced.code
+
+
+def test_a_pad_filled_at_run_time_stays_on_the_device(monkeypatch):
+    """A primitive Pad whose fill is a tensor input (not a constant) never reads it on the host: ``.item()``
+    would stall a GPU on every call and cannot be captured in a CUDA graph."""
+    from korch.backends.torch_ops import node_function
+    from korch.ir import interpret
+    from korch.ir.graph import Attrs, Graph, Node, Tensor
+    from korch.ir.ops import Op
+
+    graph = Graph(name="pad")
+    for name, shape in (("x", (2, 3)), ("v", ()), ("y", (3, 6))):
+        graph.add_tensor(Tensor(name=name, shape=shape, dtype="float32"))
+    node = Node(op=Op.PAD, inputs=("x", "v"), outputs=("y",), attrs=Attrs({"pads": (0, 1, 1, 2), "mode": "constant"}))
+    graph.nodes.append(node)
+    graph.inputs, graph.outputs = ["x", "v"], ["y"]
+    x, v = torch.randn(2, 3), torch.tensor(-7.5)
+    want = interpret.run_node(node, [x, v])[0]
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: pytest.fail("a host sync: Tensor.item()"))
+    (got,) = node_function(graph, node, "cpu")(x, v)
+    assert torch.equal(got, want) and got[2, 0] == -7.5

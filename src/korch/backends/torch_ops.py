@@ -82,7 +82,10 @@ def _pad(graph: Graph, node: Node, device) -> NodeFn:
             # graph capture) and is a data-dependent value to torch.export
             value = float(np.asarray(graph.constants[fill]).reshape(-1)[0]) if fill else 0.0
             return lambda x, _=None: [F.pad(x, torch_pads, value=value)]
-        return lambda x, value: [F.pad(x, torch_pads, value=value.item())]
+        # a fill computed at run time (fission writes those as a Where, but a kernel's graph may come from
+        # elsewhere) stays on the device: padded positions are where a padded mask of ones is
+        return lambda x, value: [torch.where(F.pad(torch.zeros_like(x), torch_pads, value=1.0) > 0,
+                                             value.to(x.dtype).reshape(()), F.pad(x, torch_pads))]
     input_shape = graph.tensors[node.inputs[0]].shape
     maps = {axis: torch.as_tensor(interpret.pad_index(size, pads[axis], pads[rank + axis], mode), device=device)
             for axis, size in enumerate(input_shape) if pads[axis] or pads[rank + axis]}

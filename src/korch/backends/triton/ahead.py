@@ -25,6 +25,8 @@ class AheadResult:
     status: str                # "compiled", "refused", "generate_failed", "compile_failed"
     reason: str
     seconds: float
+    aligned_args: int = 0      # arguments the compiled kernel knows divisible by 16 (as the JIT's would)
+    pointer_args: int = 0      # of its arguments, the tensors
 
 
 def compile_one(kernel: Graph, arch: int = 90) -> AheadResult:
@@ -46,7 +48,14 @@ def compile_one(kernel: Graph, arch: int = 90) -> AheadResult:
             raise RuntimeError("no cubin")
     except Exception as exc:
         return AheadResult(cls.name, "compile_failed", _first_line(exc), time.perf_counter() - start)
-    return AheadResult(cls.name, "compiled", "", time.perf_counter() - start)
+    aligned = _entry_signature(compiled.asm.get("ttir", ""), generated.entry).count("tt.divisibility = 16")
+    pointers = sum(p.kind == "tensor" for p in generated.params)
+    return AheadResult(cls.name, "compiled", "", time.perf_counter() - start, aligned, pointers)
+
+
+def _entry_signature(ttir: str, entry: str) -> str:
+    """The line of the entry's definition in Triton IR (its arguments and their attributes)."""
+    return next((line for line in ttir.splitlines() if f"@{entry}(" in line), "")
 
 
 def _first_line(exc: BaseException) -> str:

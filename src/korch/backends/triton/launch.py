@@ -7,7 +7,8 @@ that way). ``tune`` times the variants that checked and keeps the fastest.
 
 ``compile_for_target`` compiles a generated kernel for a GPU that need not be
 present (``GPUTarget("cuda", 90, 32)``: Hopper), which proves that it builds
-and reports its resource use. It refuses to run in a process that runs the
+and reports its resource use; it specialises the arguments' alignment as the
+JIT does (``alignment_attrs``). It refuses to run in a process that runs the
 interpreter: the interpreter patches ``triton.language`` in place, and a
 compile there fails depending on what ran before. ``ahead.py`` compiles in
 spawned processes instead.
@@ -100,6 +101,16 @@ def compile_for_target(generated: GeneratedKernel, arch: int = 90, variant: Vari
     signature = {arg: p.triton_type for arg, p in zip(fn.arg_names, generated.params)}
     constexprs = dict(v.constexprs)
     signature.update({name: "constexpr" for name in constexprs})
-    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs,
+                                       attrs=alignment_attrs(generated))
     return triton.compile(source, target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": v.num_warps, "num_stages": v.num_stages})
+
+
+def alignment_attrs(generated: GeneratedKernel) -> dict[tuple[int], list]:
+    """The specialisation Triton's JIT gives a launch's arguments, for an ahead-of-time compile to match: every
+    pointer divisible by 16 (torch's allocations are aligned far beyond) and every int that is. With it, the
+    kernel compiled ahead is the one the JIT builds and caches on the GPU, not a less vectorised twin."""
+    return {(i,): [["tt.divisibility", 16]] for i, p in enumerate(generated.params)
+            if p.kind == "tensor" or (p.value is not None and p.value % 16 == 0)}
+

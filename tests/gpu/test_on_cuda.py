@@ -32,6 +32,21 @@ def test_each_kernel_checks_on_cuda(backend, case, policy):
     assert result.ok, result.message
 
 
+def _shaped_cases():
+    from tests.backends.test_triton_conv import CASES as CONV
+    from tests.backends.test_triton_matmul import CASES as MATMUL
+
+    return {**{f"matmul_{k}": v for k, v in MATMUL.items()}, **{f"conv_{k}": v for k, v in CONV.items()}}
+
+
+@pytest.mark.parametrize("case", sorted(_shaped_cases()))
+def test_triton_gemms_check_on_cuda_at_every_shape(case):
+    graph = _shaped_cases()[case]()
+    built = TritonBackend().build(graph, "cuda")
+    result = check(built, graph, device="cuda")
+    assert result.ok, result.message
+
+
 @pytest.mark.parametrize("case", sorted(cases.ALL))
 def test_every_triton_launch_variant_checks_on_cuda(case):
     graph = cases.ALL[case]()

@@ -94,6 +94,19 @@ def test_optimize_fails_in_one_line_and_writes_no_manifest_when_capture_fails(tm
     assert not (out / "manifest.json").exists()
 
 
+def test_korch_optimize_prints_one_line_and_exits_2_when_capture_fails(tmp_path, graph_wanted, capsys):
+    import onnx
+
+    from korch.cli import main
+
+    onnx.save(_two_output_model(), tmp_path / "m.onnx")
+    code = main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out"), "--target", "cpu",
+                 "--cost", "roofline", "--kernel-by-kernel", "-q"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("korch: error: CUDA graph capture failed")
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
 def test_the_manifest_says_why_a_gpu_executable_has_no_graph(tmp_path):
     from korch import config
     from korch.ir.graph import Graph, Node

@@ -28,13 +28,12 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
-import multiprocessing
 import os
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from korch import config, precision
+from korch import config, precision, workers
 from korch.backends.base import Backend
 from korch.backends.check import check, checked_variants, random_inputs
 from korch.backends.db import ProfileDB, Record
@@ -232,8 +231,7 @@ class KernelMeasurer:
         if self.device == "cpu" and (self.jobs == 1 or len(todo) < 2):
             return [_build_and_check(b, kernels[s], self.device) for s, b in todo]
         if self._pool is None:
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = workers.pool(self.jobs)
         futures = [self._pool.submit(_worker, self.target, kernels[s], self.device, b.name, precision.current().name)
                    for s, b in todo]
         results = []

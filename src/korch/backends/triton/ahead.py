@@ -9,13 +9,12 @@ patches to ``triton.language`` and cannot compile afterwards
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import multiprocessing
 import os
 import time
 from collections.abc import Sequence
 
+from korch import workers
 from korch.ir.graph import Graph
 
 
@@ -80,9 +79,7 @@ def _compile_generated(generated, arch: int) -> str | None:
 def _in_workers(fn, items: Sequence, arch: int, jobs: int | None) -> list:
     if not items:
         return []
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(jobs or os.cpu_count() or 1, mp_context=context,
-                                                initializer=_init_worker) as pool:
+    with workers.pool(jobs or os.cpu_count() or 1, initializer=_init_worker) as pool:
         return list(pool.map(fn, items, [arch] * len(items)))
 
 

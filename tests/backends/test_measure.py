@@ -10,6 +10,7 @@ from onnx import TensorProto, helper
 from korch.backends import measure, registry
 from korch.backends.base import BuildError
 from korch.backends.db import ProfileDB
+from korch.report.markdown import render_markdown
 from korch.cli import main
 from korch.pipeline import optimize
 
@@ -60,6 +61,10 @@ def test_measured_plan_then_database_hit(tmp_path):
     first = optimize(_model(), target="cpu", cost="measured", db=db, jobs=1, max_kernel_nodes=3)
     m = first.plan.stats["measurement"]
     assert m["kernels_measured"] > 0 and not m["failures"]
+    assert 0 < m["signatures_asked"] <= m["signatures"] <= m["candidates"]
+    assert m["measured_share"] == m["signatures_asked"] / m["signatures"]
+    assert m["build_s"] > 0 and m["timing_s"] > 0
+    assert f"{m['measured_share']:.0%} of the {m['signatures']} distinct" in render_markdown(first.plan, {}, None)
     assert all(k.measured and k.backend in ("inductor", "library") for k in first.plan.kernels)
     assert all(k.cost_s >= k.bound_s for k in first.plan.kernels)
     rows = ProfileDB(db).stats()["rows"]

@@ -29,6 +29,7 @@ import concurrent.futures
 import dataclasses
 import math
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -60,6 +61,8 @@ class MeasureStats:
     from_db: int = 0          # of those, answered from the database alone
     measured: int = 0         # kernels built, checked and timed here (signature x backend)
     below_bound: int = 0      # measurements under the lower bound, raised to it
+    build_s: float = 0.0      # wall seconds building and checking kernels (workers in parallel)
+    timing_s: float = 0.0     # wall seconds timing them (one at a time, in this process)
     failures: list[Failure] = dataclasses.field(default_factory=list)
 
 
@@ -250,17 +253,22 @@ class KernelMeasurer:
 
     def _measure_applied(self, todo: list[tuple[str, Backend]], kernels: Mapping[str, Graph]) -> list[Record]:
         records = []
-        for (s, backend), checked in zip(todo, self._checked_builds(todo, kernels)):
+        started = time.perf_counter()
+        built = self._checked_builds(todo, kernels)
+        self.stats.build_s += time.perf_counter() - started
+        for (s, backend), checked in zip(todo, built):
             if self.on_kernel:
                 self.on_kernel(f"{backend.name} {_ops(kernels[s])}")
             latency, variant = None, None
             status, message, error, launches = checked.status, checked.message, checked.max_rel_error, checked.launches
             if status == "ok":
+                started = time.perf_counter()
                 try:
                     latency, variant, launches = self._time(checked.built or backend.build(kernels[s], self.device),
                                                             kernels[s], checked.variants)
                 except Exception as exc:
                     status, message = "timing_failed", _one_line(exc)
+                self.stats.timing_s += time.perf_counter() - started
             records.append(Record(signature=s, device=self.device_key, backend=backend.name,
                                   backend_version=self.versions[backend.name], status=status, latency_s=latency,
                                   message=message, launches=launches, variant=variant, max_rel_error=error))

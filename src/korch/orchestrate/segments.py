@@ -28,9 +28,12 @@ from korch.orchestrate.solver import solve
 def measurement_stats(measurer) -> dict:
     """What the measurer did, for the plan's stats and the report."""
     st = measurer.stats
+    signatures = len({c.signature for c in measurer.candidates})
     return {"device": measurer.device_key, "backends": measurer.versions, "candidates": len(measurer.candidates),
-            "signatures_asked": st.asked,
+            "signatures": signatures, "signatures_asked": st.asked,
+            "measured_share": st.asked / signatures if signatures else 0.0,
             "from_database": st.from_db, "kernels_measured": st.measured, "below_bound": st.below_bound,
+            "build_s": st.build_s, "timing_s": st.timing_s,
             "failures": [dataclasses.asdict(f) for f in st.failures]}
 
 

@@ -133,6 +133,8 @@ def _measurement(m: dict | None) -> str:
                                       f"{_e(m.get('candidates', '?'))} candidates "
                                       f"({_e(m.get('from_database', 0))} from the profile database)")),
              ("builds checked and timed", _e(m.get("kernels_measured", "?"))),
+             ("search cost", _e(f"{m.get('measured_share', 0):.0%} of {m.get('signatures', '?')} distinct kernels; "
+                                f"{m.get('build_s', 0):.1f} s building, {m.get('timing_s', 0):.1f} s timing")),
              ("below their bound (raised)", _e(m.get("below_bound", 0))),
              ("failed kernels (dropped)", f"<b>{len(m.get('failures', []))}</b>")]
     failures = m.get("failures", [])

@@ -20,6 +20,9 @@ def _measurement(m: dict | None) -> list[str]:
              f"- candidates measured: **{m['signatures_asked']}** distinct kernels of "
              f"{m.get('candidates', '?')} candidates ({m['from_database']} answered by the profile database); "
              f"**{m['kernels_measured']}** kernel builds checked and timed in this run",
+             f"- search cost: {m.get('measured_share', 0):.0%} of the {m.get('signatures', '?')} distinct candidate "
+             f"kernels measured or looked up; {m.get('build_s', 0):.1f} s building and checking, "
+             f"{m.get('timing_s', 0):.1f} s timing",
              f"- measurements below their lower bound (raised to it): {m['below_bound']}",
              f"- kernels that failed to build or check (dropped, never selected): **{len(m['failures'])}**"]
     if m["failures"]:

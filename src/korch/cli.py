@@ -288,6 +288,8 @@ def cmd_db(args) -> int:
     if not db.path.exists():
         print(f"profile database {db.path}: empty (no file yet)")
         return 0
+    if args.db_command == "check":
+        return _db_check(args)
     if args.db_command == "clear":
         deleted = db.clear(device=args.device)
         print(f"deleted {deleted} records{f' of device {args.device}' if args.device else ''} from {db.path}")
@@ -309,6 +311,31 @@ def cmd_db(args) -> int:
                           str(group["failed"]))
         console.print(table)
     return 0
+
+
+def _db_check(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from korch.dbcheck import check_floors
+    from korch.pipeline import detect_target
+
+    result = check_floors(args.model, target=args.target or detect_target(), db=args.db,
+                          input_shapes=_input_shapes(args.input_shape))
+    console = Console()
+    console.print(f"{result.records} measured kernels of {result.signatures} distinct candidate kernels "
+                  f"({result.candidates} candidates) on {result.device}: "
+                  + (f"[bold red]{len(result.below)} faster than their floor[/bold red]" if result.below
+                     else "none faster than its floor"), soft_wrap=True)
+    if result.below:
+        table = Table()
+        for column in ("signature", "ops", "backend", "measured µs", "floor µs", "measured / floor"):
+            table.add_column(column, justify="left" if column in ("signature", "ops", "backend") else "right")
+        for b in result.below:
+            table.add_row(b.signature[:12], b.ops[:60], b.backend, f"{b.measured_s * 1e6:.2f}",
+                          f"{b.floor_s * 1e6:.2f}", f"{b.measured_s / b.floor_s:.2f}")
+        console.print(table)
+    return 1 if result.below else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -395,6 +422,10 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = p.add_subparsers(dest="db_command", required=True)
     db_path_help = "the database file (default: profile.sqlite in the korch cache directory)"
     d = dsub.add_parser("stats", help="records by device and backend, ok and failed, file size")
+    d.add_argument("--db", type=Path, metavar="PATH", help=db_path_help)
+    d = dsub.add_parser("check", help="every measured kernel of MODEL against its floor; exit 1 if one beats it")
+    model_args(d)
+    d.add_argument("--target", help="cpu, h100, h200, a100 or v100 (default: the GPU present, else cpu)")
     d.add_argument("--db", type=Path, metavar="PATH", help=db_path_help)
     d = dsub.add_parser("clear", help="delete records (all, or one device's)")
     d.add_argument("--db", type=Path, metavar="PATH", help=db_path_help)

@@ -134,3 +134,28 @@ def test_calling_cost_is_measured_on_an_empty_kernel(backend):
     kernel = measure.empty_kernel()
     assert backend.claims(kernel) is None
     assert 0.0 < measure.calling_cost_s(backend, "cpu") < 0.01
+
+
+def test_db_check_compares_every_measured_kernel_with_its_floor(tmp_path, capsys):
+    """``korch db check`` names every measured kernel faster than its floor (a floor the measurements disprove)
+    and exits 1 when there is one: a kernel planted below its floor joins whatever this machine already shows."""
+    import dataclasses
+
+    from korch.backends.measure import device_key
+    from korch.dbcheck import check_floors
+
+    db, model = tmp_path / "profile.sqlite", tmp_path / "tiny.onnx"
+    onnx.save(_model(), model)
+    optimize(str(model), target="cpu", cost="measured", db=db, jobs=1, max_kernel_nodes=3)
+    before = check_floors(str(model), target="cpu", db=db)
+    assert before.records > 0 and before.signatures <= before.candidates
+    already = {b.signature for b in before.below}
+    profile = ProfileDB(str(db))
+    slowest = max((r for r in profile._select("device = ? AND status = 'ok' AND signature != 'calling-cost'",
+                                              (device_key("cpu"),)) if r.signature not in already),
+                  key=lambda r: r.latency_s)  # a matrix product: far above its floor
+    profile.put([dataclasses.replace(slowest, latency_s=1e-12)])
+    code, out = main(["db", "check", str(model), "--target", "cpu", "--db", str(db)]), capsys.readouterr().out
+    after = check_floors(str(model), target="cpu", db=db)
+    assert {b.signature for b in after.below} == already | {slowest.signature}
+    assert code == 1 and f"{len(after.below)} faster than their floor" in out and slowest.signature[:10] in out

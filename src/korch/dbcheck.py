@@ -1,0 +1,77 @@
+"""``korch db check``: every measured kernel of a model against its floor, the lower bound the search trusts.
+
+The lazy search (``orchestrate/lazy.py``) proves a plan optimal only if no
+unmeasured candidate can beat what it picked, which holds when every floor is
+a true lower bound. A measured kernel faster than its floor disproves that
+floor: the search raises such a measurement to the floor (``below_bound`` in
+the report) and goes on, but the floor model is wrong for the device. This
+check finds them: the model's candidates are enumerated as ``korch optimize``
+does, each is bounded by the roofline model, and every record the profile
+database holds for it (at the backends' current versions, less the backend's
+calling cost, as the search sees it) is compared with that bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class BelowFloor:
+    signature: str
+    ops: str
+    backend: str
+    measured_s: float   # as the search sees it: measured, less the backend's calling cost
+    floor_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FloorCheck:
+    device: str
+    candidates: int
+    signatures: int           # distinct candidate kernels
+    records: int              # ok records of those compared with their floors
+    below: tuple[BelowFloor, ...]
+
+
+def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                 max_kernel_nodes: int | None = None) -> FloorCheck:
+    """Compare every measured kernel of ``model``'s candidates on ``target`` with its floor (see the docstring)."""
+    from korch import config
+    from korch.backends.db import ProfileDB
+    from korch.backends.measure import CALLING_COST, device_key
+    from korch.backends.registry import BackendPredicate, backends_for
+    from korch.cost import candidate_bounds, get_device
+    from korch.orchestrate.candidates import enumerate_candidates
+    from korch.pipeline import load_model
+
+    device = get_device(target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, graph, _ = load_model(model, input_shapes)
+    backends = backends_for(target)
+    candidates = enumerate_candidates(graph, max_nodes=max_kernel_nodes or config.max_kernel_nodes,
+                                      predicate=BackendPredicate(backends)).candidates
+    bounds = candidate_bounds(graph, candidates, device)
+    floor: dict[str, tuple[float, str]] = {}
+    for candidate, bound in zip(candidates, bounds):
+        ops = "+".join(graph.nodes[i].op.value for i in sorted(candidate.nodes))
+        if candidate.signature not in floor or bound > floor[candidate.signature][0]:
+            floor[candidate.signature] = (bound, ops)
+    key = device_key(target)
+    versions = {b.name: b.version for b in backends}
+    profile = ProfileDB(str(db) if db else None)
+    calling = {r.backend: r.latency_s for r in profile.lookup([CALLING_COST], key, versions)[CALLING_COST] if r.ok}
+    found = profile.lookup(floor, key, versions)
+    below, compared = [], 0
+    for signature, records in found.items():
+        bound, ops = floor[signature]
+        for record in (r for r in records if r.ok):
+            compared += 1
+            seen = max(record.latency_s - calling.get(record.backend, 0.0), 0.0)
+            if seen < bound * (1 - 1e-9):
+                below.append(BelowFloor(signature, ops, record.backend, seen, bound))
+    below.sort(key=lambda b: b.measured_s / b.floor_s)
+    return FloorCheck(key, len(candidates), len(floor), compared, tuple(below))

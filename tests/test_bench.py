@@ -93,3 +93,17 @@ def test_every_compile_mode_is_a_peer_and_the_graphed_eager_peer_needs_a_gpu():
     if not torch.cuda.is_available():
         with pytest.raises(KorchError, match="needs a GPU"):
             bench._peer("eager-cuda-graph", torch.nn.Identity(), b"")
+
+
+def test_the_table_shows_the_precision_and_a_peer_on_another_device_apart(capsys):
+    from korch.cli import _print_bench
+
+    timing = lambda name, s, note="": bench.SystemTiming(name, s, s, 10, note)  # noqa: E731
+    result = bench.BenchResult(model="zoo:candy", target="h100", device="NVIDIA H100", korch=timing("korch", 1e-3),
+                               peers=[timing("ort", 5e-3, "CPU provider"), timing("compile", 2e-3)], failed={},
+                               versions={}, precision="tf32")
+    _print_bench(result)
+    out = capsys.readouterr().out
+    assert "precision tf32" in out
+    lines = [line for line in out.splitlines() if "compile" in line or "CPU provider" in line]
+    assert "compile" in lines[0] and "CPU provider" in lines[1]  # the other device's peer comes last, apart

@@ -254,12 +254,16 @@ def _print_bench(result) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{result.model} on {result.device} ({result.target})")
+    table = Table(title=f"{result.model} on {result.device} ({result.target}, precision {result.precision})")
     for column in ("system", "median ms", "min ms", "runs", "korch speedup"):
         table.add_column(column, justify="left" if column == "system" else "right")
     k = result.korch
     table.add_row("korch", f"{k.median_s * 1e3:.3f}", f"{k.min_s * 1e3:.3f}", str(k.runs), "1.00x")
-    for p in result.peers:
+    # a peer on another device (ONNX Runtime's CPU provider beside a GPU) is shown apart, below a rule
+    elsewhere = [p for p in result.peers if p.note == "CPU provider"]
+    for p in [p for p in result.peers if p not in elsewhere] + elsewhere:
+        if elsewhere and p is elsewhere[0]:
+            table.add_section()
         table.add_row(f"{p.name} {p.note}".strip(), f"{p.median_s * 1e3:.3f}", f"{p.min_s * 1e3:.3f}", str(p.runs),
                       f"{p.median_s / k.median_s:.2f}x")
     Console().print(table)

@@ -7,16 +7,17 @@ goes (a command killed at its limit still returns what it finished):
 * ``smoke``: the environment (GPU, versions) and ``pytest -m gpu`` (every kernel
   class on CUDA, each launch variant, a zoo executable replayed from its CUDA graph);
 * ``small``: the small zoo models, ``korch optimize`` (roofline costs) and
-  ``korch bench`` against every GPU peer, under the fp32 and the tf32 policy;
+  ``korch bench`` against every GPU peer, fp32;
+* ``tf32``: the same under the tf32 policy (all peers but max-autotune, which
+  compiles for minutes per model);
 * ``large``: the large zoo models and the ``transformers`` architectures, fp32;
 * ``measured``: a measured search (kernels built, checked and timed), with what
   fraction of the candidates it measured and how long it took.
 
 Each phase stops starting models once less than ``--reserve`` seconds remain
 before ``--deadline`` (seconds from the start): it records them as skipped.
-Results: at most five files under ``--out`` (``campaign.json``, ``smoke.json``,
-``small.json``, ``large.json``, ``measured.json``), within the device's limit of
-8 files returned. Models are exported where the campaign runs (the GPU machine's
+Results: at most six files under ``--out`` (``campaign.json`` and one per
+phase), within the device's limit of 8 files returned. Models are exported where the campaign runs (the GPU machine's
 torch is its own); ``highspy`` must be importable there (``docs/gpu.md``: carried
 as a wheel).
 
@@ -41,11 +42,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("smoke", "small", "large", "measured")
+PHASES = ("smoke", "small", "tf32", "large", "measured")
 SMALL = ("bert_layer", "vit_block", "candy", "yolox_nano", "segformer_b0")
 LARGE = ("efficientvit", "yolov4", "hf_bert", "hf_gpt2", "hf_llama", "hf_vit", "hf_whisper_encoder")
 MEASURED = ("bert_layer", "candy")
 GPU_PEERS = ["eager", "eager-cuda-graph", "compile", "compile-reduce-overhead", "compile-max-autotune", "ort"]
+# max-autotune compiles for minutes per model: the tf32 pass leaves it out to fit its call
 CPU_PEERS = ["eager", "compile", "ort"]
 
 
@@ -64,7 +66,7 @@ class Setting:
     target: str
     models: dict[str, tuple[Model, ...]]      # per phase (smoke has none)
     precisions: dict[str, tuple[str, ...]]    # per phase
-    peers: list[str]
+    peers: dict[str, list[str]]               # per phase
     budget_s: float
     smoke_tests: list[str]                    # pytest arguments
     measured_time_limit_s: float | None
@@ -75,17 +77,22 @@ def gpu_setting() -> Setting:
     from korch.pipeline import detect_target
 
     zoo = lambda names: tuple(Model(f"zoo:{n}") for n in names)  # noqa: E731
-    return Setting(target=detect_target(), models={"small": zoo(SMALL), "large": zoo(LARGE), "measured": zoo(MEASURED)},
-                   precisions={"small": ("fp32", "tf32"), "large": ("fp32",), "measured": ("fp32",)},
-                   peers=GPU_PEERS, budget_s=2.0, smoke_tests=["-m", "gpu", "tests"], measured_time_limit_s=None,
+    fast_peers = [p for p in GPU_PEERS if p != "compile-max-autotune"]
+    return Setting(target=detect_target(),
+                   models={"small": zoo(SMALL), "tf32": zoo(SMALL), "large": zoo(LARGE), "measured": zoo(MEASURED)},
+                   precisions={"small": ("fp32",), "tf32": ("tf32",), "large": ("fp32",), "measured": ("fp32",)},
+                   peers={"small": GPU_PEERS, "tf32": fast_peers, "large": GPU_PEERS, "measured": fast_peers},
+                   budget_s=2.0, smoke_tests=["-m", "gpu", "tests/gpu", "tests/test_gpu_marker.py"],
+                   measured_time_limit_s=None,
                    db=Path(tempfile.gettempdir()) / "korch-campaign-profile.sqlite")  # kept while the machine is
 
 
 def dry_setting(workdir: Path) -> Setting:
     tiny = Model(str(_tiny_model(workdir)), _TinyNet())
-    return Setting(target="cpu", models={"small": (tiny,), "large": (tiny,), "measured": (tiny,)},
-                   precisions={"small": ("fp32",), "large": ("fp32",), "measured": ("fp32",)},
-                   peers=CPU_PEERS, budget_s=0.05, smoke_tests=["-m", "gpu", "tests/gpu"], measured_time_limit_s=60,
+    return Setting(target="cpu", models={phase: (tiny,) for phase in PHASES[1:]},
+                   precisions={phase: ("fp32",) for phase in PHASES[1:]},  # a CPU computes float32 exactly
+                   peers={phase: CPU_PEERS for phase in PHASES[1:]}, budget_s=0.05,
+                   smoke_tests=["-m", "gpu", "tests/gpu", "tests/test_gpu_marker.py"], measured_time_limit_s=60,
                    db=workdir / "profile.sqlite")
 
 
@@ -147,7 +154,9 @@ class Campaign:
                 "command": " ".join(["python", "benchmarks/gpu_campaign.py", *sys.argv[1:]])}
 
     def smoke(self) -> dict:
-        env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT)}
+        # korch from source and its tests, before what the caller's path holds (a carried wheel's directory)
+        path = os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": path}
         command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *self.setting.smoke_tests]
         start = time.perf_counter()
         try:
@@ -175,7 +184,7 @@ class Campaign:
                 else:
                     print(f"{phase}: {model.name} ({precision}, {cost}) ...", flush=True)
                     try:
-                        row.update(run_model(model.ref, self.setting.target, cost, str(self.setting.db), self.setting.peers,
+                        row.update(run_model(model.ref, self.setting.target, cost, str(self.setting.db), self.setting.peers[phase],
                                              self.setting.budget_s, self.jobs, precision, model.torch_model,
                                              self.setting.measured_time_limit_s if cost == "measured" else None))
                     except Exception as exc:  # a model that fails is recorded and the phase goes on

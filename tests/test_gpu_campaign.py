@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = {"campaign.json", "smoke.json", "small.json", "large.json", "measured.json"}
+FILES = {"campaign.json", "smoke.json", "small.json", "tf32.json", "large.json", "measured.json"}
 
 
 def campaign(out, *args):
@@ -31,7 +31,7 @@ def test_the_dry_run_writes_every_file_a_gpu_run_writes(dry_run):
     assert {p.name for p in dry_run.iterdir()} == FILES  # within the device's 8 files
     record = json.loads((dry_run / "campaign.json").read_text())
     assert record["dry_run"] is True and record["target"] == "cpu" and "torch" in record["versions"]
-    assert set(record["phase_results"]) == {"smoke", "small", "large", "measured"}
+    assert set(record["phase_results"]) == {"smoke", "small", "tf32", "large", "measured"}
 
 
 def test_the_smoke_phase_ran_the_gpu_tests_which_skip_here(dry_run):
@@ -39,7 +39,7 @@ def test_the_smoke_phase_ran_the_gpu_tests_which_skip_here(dry_run):
     assert smoke["exit"] == 0 and "skipped" in smoke["summary"] and "-m gpu" in smoke["command"]
 
 
-@pytest.mark.parametrize("phase", ["small", "large", "measured"])
+@pytest.mark.parametrize("phase", ["small", "tf32", "large", "measured"])
 def test_each_model_phase_optimized_checked_and_benched(dry_run, phase):
     rows = json.loads((dry_run / f"{phase}.json").read_text())
     assert rows and all("error" not in r and "skipped" not in r for r in rows), rows

@@ -41,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("smoke", "small", "tf32", "large", "measured")
 SMALL = ("bert_layer", "vit_block", "candy", "yolox_nano", "segformer_b0")
@@ -88,7 +90,7 @@ def gpu_setting() -> Setting:
 
 
 def dry_setting(workdir: Path) -> Setting:
-    tiny = Model(str(_tiny_model(workdir)), _TinyNet())
+    tiny = Model(str(_tiny_model(workdir)), TinyNet().eval())
     return Setting(target="cpu", models={phase: (tiny,) for phase in PHASES[1:]},
                    precisions={phase: ("fp32",) for phase in PHASES[1:]},  # a CPU computes float32 exactly
                    peers={phase: CPU_PEERS for phase in PHASES[1:]}, budget_s=0.05,
@@ -96,36 +98,25 @@ def dry_setting(workdir: Path) -> Setting:
                    db=workdir / "profile.sqlite")
 
 
-def _tiny_net_class():
-    import torch
+class TinyNet(torch.nn.Module):
+    """A convolution, a normalisation and a matrix product: one of each kind of kernel, tiny."""
 
-    class TinyNet(torch.nn.Module):
-        """A convolution, a normalisation and a matrix product: one of each kind of kernel, tiny."""
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = torch.nn.LayerNorm(8)
+        self.head = torch.nn.Linear(8, 4)
 
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-            self.norm = torch.nn.LayerNorm(8)
-            self.head = torch.nn.Linear(8, 4)
-
-        def forward(self, x):
-            h = torch.relu(self.conv(x)).mean(dim=(2, 3))
-            return torch.softmax(self.head(self.norm(h)), dim=-1)
-
-    return TinyNet
-
-
-def _TinyNet():  # noqa: N802 - builds an instance of the class above
-    return _tiny_net_class()().eval()
+    def forward(self, x):
+        h = torch.relu(self.conv(x)).mean(dim=(2, 3))
+        return torch.softmax(self.head(self.norm(h)), dim=-1)
 
 
 def _tiny_model(workdir: Path) -> Path:
-    import torch
-
     from korch.frontend.torch_module import export_module
 
-    return export_module(_TinyNet(), (torch.rand(1, 3, 8, 8),), workdir / "tiny.onnx", input_names=["x"])
+    return export_module(TinyNet().eval(), (torch.rand(1, 3, 8, 8),), workdir / "tiny.onnx", input_names=["x"])
 
 
 class Campaign:
@@ -144,8 +135,6 @@ class Campaign:
         atomic_write_bytes(self.out / f"{name}.json", json.dumps(data, indent=1, default=str).encode())
 
     def environment(self, phases: list[str], dry_run: bool) -> dict:
-        import torch
-
         from korch.runtime import bundle
 
         return {"date": time.strftime("%Y-%m-%d"), "dry_run": dry_run, "target": self.setting.target,
@@ -171,8 +160,7 @@ class Campaign:
         return result
 
     def models(self, phase: str, cost: str) -> list[dict]:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from zoo_bench import run_model
+        from zoo_bench import run_model  # beside this script
 
         rows: list[dict] = []
         for precision in self.setting.precisions[phase]:

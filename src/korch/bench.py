@@ -29,6 +29,7 @@ import dataclasses
 import datetime
 import json
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -120,7 +121,6 @@ def _onnx2torch_convert():
     torchvision is missing or broken (its CUDA wheels do not load with the CPU torch), those two converters
     get a stand-in that fails when a model uses them, and every other operator converts."""
     import importlib
-    import sys
     import types
 
     try:
@@ -273,16 +273,12 @@ def bench(executable, *, model, reference_model: bytes, peers: Sequence[str], ta
 
 
 def write_json(result: BenchResult, path: str | os.PathLike) -> Path:
-    from korch.fsutil import atomic_write_bytes
-
-    return atomic_write_bytes(path, json.dumps(result.to_json(), indent=1).encode())
+    return write_record(result.to_json(), path)
 
 
 def record(benchmark: str, script: str, argv: Sequence[str] | None, device: str = "cpu", **fields) -> dict:
     """A benchmark script's result with what makes it reproducible: date, device, versions and the command
     (``script`` run with ``argv``, default this process's arguments)."""
-    import sys
-
     from korch.runtime import bundle
 
     args = list(argv) if argv is not None else sys.argv[1:]
@@ -290,10 +286,10 @@ def record(benchmark: str, script: str, argv: Sequence[str] | None, device: str 
             "versions": bundle.versions(), "command": " ".join(["python", script, *args]), **fields}
 
 
-def write_record(report: dict, path: str | os.PathLike | None) -> None:
+def write_record(report: dict, path: str | os.PathLike | None) -> Path | None:
     """``report`` as JSON at ``path`` (written whole or not at all); nothing without a path."""
-    if path is not None:
-        from korch.fsutil import atomic_write_bytes
+    if path is None:
+        return None
+    from korch.fsutil import atomic_write_bytes
 
-        atomic_write_bytes(path, json.dumps(report, indent=1).encode())
-
+    return atomic_write_bytes(path, json.dumps(report, indent=1).encode())

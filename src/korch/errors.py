@@ -12,7 +12,8 @@ class KorchError(Exception):
     exit_code = 2
 
 
-def one_line(exc: BaseException) -> str:
-    """``exc`` as ``Type: first line of its message``, for errors that quote a library's failure."""
+def one_line(exc: BaseException, limit: int | None = None) -> str:
+    """``exc`` as ``Type: first line of its message`` (at most ``limit`` characters), for errors that quote a
+    library's failure."""
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:limit]

@@ -21,6 +21,10 @@ backend's calling cost is measured once, on a kernel that does nothing (one
 negation of one element), and the latency the solver sees is the measured
 one less that cost (the database keeps what was measured, and the calling cost
 under its own signature).
+
+Kernels are built and timed under the run's precision policy: ``korch.optimize``
+sets torch's switches for the whole run (``precision.use``); a build worker,
+a fresh process, sets them itself.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from korch import config, precision, workers
+from korch import precision, workers
 from korch.backends.base import Backend
+from korch.errors import one_line
 from korch.backends.check import check, checked_variants, random_inputs
 from korch.backends.db import ProfileDB, Record
 from korch.backends.registry import backends_for, device_for
@@ -44,6 +49,9 @@ from korch.cost.devices import get_device
 from korch.ir.graph import Graph, Node, Tensor
 from korch.ir.ops import Op
 from korch.ir.subgraph import extract
+
+
+MESSAGE_CHARS = 300  # a failure's reason as kept in the database and the report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,14 +97,14 @@ def _build_and_check(backend: Backend, kernel: Graph, device: str) -> _Checked:
     try:
         built = backend.build(kernel, device)
     except Exception as exc:
-        return _Checked("build_failed", _one_line(exc))
+        return _Checked("build_failed", one_line(exc, MESSAGE_CHARS))
     try:
         result = check(built, kernel, device=device)
     except Exception as exc:
-        return _Checked("check_failed", _one_line(exc), None, built.launches)
+        return _Checked("check_failed", one_line(exc, MESSAGE_CHARS), None, built.launches)
     if not result.ok:
         return _Checked("check_failed", result.message, result.rel_norm, built.launches)
-    variants = checked_variants(built, kernel, device=device) if hasattr(built, "tune") else ()
+    variants = checked_variants(built, kernel, device=device) if _tunes(built, device) else ()
     return _Checked("ok", "", result.rel_norm, built.launches, built, variants)
 
 
@@ -104,15 +112,10 @@ def _worker(target: str, kernel: Graph, device: str, backend_name: str, policy: 
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     torch.set_num_threads(1)
     backend = next(b for b in backends_for(target) if b.name == backend_name)
-    with config.patch(precision=policy), precision.applied():  # a spawned process starts from the defaults
+    with precision.use(policy):  # a spawned process starts from the defaults
         checked = _build_and_check(backend, kernel, device)
     checked.built = None  # kernels do not cross processes; the main process rebuilds from the caches
     return checked
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 class KernelMeasurer:
@@ -242,16 +245,12 @@ class KernelMeasurer:
             try:
                 results.append(future.result())
             except Exception as exc:  # the worker died (a faulting kernel): a failure of this kernel, not the run
-                results.append(_Checked("worker_died", _one_line(exc)))
+                results.append(_Checked("worker_died", one_line(exc, MESSAGE_CHARS)))
         if any(r.status == "worker_died" for r in results):
             self.close()  # a broken pool takes no more work: the next batch starts a fresh one
         return results
 
     def _measure(self, todo: list[tuple[str, Backend]], kernels: Mapping[str, Graph]) -> list[Record]:
-        with precision.applied():
-            return self._measure_applied(todo, kernels)
-
-    def _measure_applied(self, todo: list[tuple[str, Backend]], kernels: Mapping[str, Graph]) -> list[Record]:
         records = []
         started = time.perf_counter()
         built = self._checked_builds(todo, kernels)
@@ -267,7 +266,7 @@ class KernelMeasurer:
                     latency, variant, launches = self._time(checked.built or backend.build(kernels[s], self.device),
                                                             kernels[s], checked.variants)
                 except Exception as exc:
-                    status, message = "timing_failed", _one_line(exc)
+                    status, message = "timing_failed", one_line(exc, MESSAGE_CHARS)
                 self.stats.timing_s += time.perf_counter() - started
             records.append(Record(signature=s, device=self.device_key, backend=backend.name,
                                   backend_version=self.versions[backend.name], status=status, latency_s=latency,
@@ -282,11 +281,17 @@ class KernelMeasurer:
         sets = rotation_sets(lambda i: [x.to(self.device) for x in random_inputs(kernel, seed=i)], nbytes,
                              device=self.device)
         variant = None
-        if hasattr(built, "tune") and self.device != "cpu":  # Triton: keep the fastest launch variant
+        if _tunes(built, self.device):  # Triton: keep the fastest launch variant
             built.tune(lambda call: time_kernel(lambda i: call(), device=self.device).median_s, sets[0], variants)
             variant = {"variant": built.variant.describe()}
         seconds = time_kernel(lambda i: built(*sets[i]), device=self.device, rotate=len(sets)).median_s
         return seconds, variant, built.launches
+
+
+def _tunes(built, device: str) -> bool:
+    """Whether ``built`` has launch variants to choose among here (Triton kernels on a GPU; the interpreter's
+    timings would choose nothing): only then are its variants checked and timed."""
+    return hasattr(built, "tune") and device != "cpu"
 
 
 # The database signature under which a backend's calling cost is kept (no candidate has it: theirs are hashes).

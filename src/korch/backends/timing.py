@@ -49,7 +49,6 @@ HOST_LEAD_PER_RUN_S = 50e-6
 MAX_HOST_LEAD_S = 0.02
 GPU_CYCLES_PER_S = 2e9
 
-T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 
 from korch import workers
+from korch.errors import one_line
 from korch.ir.graph import Graph
 
 
@@ -40,13 +41,13 @@ def compile_one(kernel: Graph, arch: int = 90) -> AheadResult:
     try:
         generated = cls.generate(kernel)
     except Exception as exc:
-        return AheadResult(cls.name, "generate_failed", _first_line(exc), time.perf_counter() - start)
+        return AheadResult(cls.name, "generate_failed", one_line(exc, 200), time.perf_counter() - start)
     try:
         compiled = compile_for_target(generated, arch)
         if not compiled.asm.get("cubin"):
             raise RuntimeError("no cubin")
     except Exception as exc:
-        return AheadResult(cls.name, "compile_failed", _first_line(exc), time.perf_counter() - start)
+        return AheadResult(cls.name, "compile_failed", one_line(exc, 200), time.perf_counter() - start)
     aligned = _entry_signature(compiled.asm.get("ttir", ""), generated.entry).count("tt.divisibility = 16")
     pointers = sum(p.kind == "tensor" for p in generated.params)
     return AheadResult(cls.name, "compiled", "", time.perf_counter() - start, aligned, pointers)
@@ -55,11 +56,6 @@ def compile_one(kernel: Graph, arch: int = 90) -> AheadResult:
 def _entry_signature(ttir: str, entry: str) -> str:
     """The line of the entry's definition in Triton IR (its arguments and their attributes)."""
     return next((line for line in ttir.splitlines() if f"@{entry}(" in line), "")
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:160] if lines else ''}"
 
 
 def _init_worker() -> None:
@@ -72,7 +68,7 @@ def _compile_generated(generated, arch: int) -> str | None:
     try:
         compile_for_target(generated, arch)
     except Exception as exc:
-        return _first_line(exc)
+        return one_line(exc, 200)
     return None
 
 

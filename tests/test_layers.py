@@ -12,7 +12,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS = [
-    {"korch.errors", "korch.config", "korch.fsutil", "korch.version", "korch.precision", "korch.workers"},
+    {"korch.errors", "korch.config", "korch.fsutil", "korch.version", "korch.precision", "korch.workers", "korch.threads"},
     {"korch.ir"},
     {"korch.frontend", "korch.zoo"},
     {"korch.fission"},

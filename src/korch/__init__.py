@@ -11,8 +11,12 @@ generators) -> ``runtime`` (executables).
     exe = korch.load("OUTDIR")                            # what ``korch optimize -o OUTDIR`` wrote
 """
 
-from korch.errors import KorchError
-from korch.version import __version__
+from korch import threads
+
+threads.settle()  # before anything imports torch: see korch/threads.py
+
+from korch.errors import KorchError  # noqa: E402
+from korch.version import __version__  # noqa: E402
 
 __all__ = ["KorchError", "__version__", "load", "optimize"]
 

@@ -93,7 +93,9 @@ def device_description(device: str) -> str:
         return torch.cuda.get_device_name()
     from korch.cost.probe import cpu_model
 
-    return f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    from korch import threads
+
+    return f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads ({threads.describe()})"
 
 
 def torch_module_for(model, reference_model: bytes, device: str) -> tuple[torch.nn.Module, str]:

@@ -188,22 +188,29 @@ def test_an_embedding_lookup_runs_in_torch_inside_the_unit():
     np.testing.assert_allclose(module(ids)[0].numpy(), run_model(model, {"ids": ids.numpy()})["y"])
 
 
-def test_the_unit_is_the_faster_of_its_weight_variants(monkeypatch):
-    """choose_unit compiles the plan with and without oneDNN weight packing, times both in turns and keeps
-    the faster; a variant that fails to compile is left out."""
+def _matmul_relu_model(shape=(4, 16), seed=0):
     import onnx
     from onnx import TensorProto, helper
 
-    weight = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    weight = np.random.default_rng(seed).standard_normal((shape[-1], 8)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
-    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4, 16))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4, 8))],
+    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (*shape[:-1], 8))],
                               [onnx.numpy_helper.from_array(weight, "w")])
-    result = optimize(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), target="cpu",
-                      cost="roofline")
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), weight
+
+
+def test_the_unit_is_the_fastest_of_its_weight_variants(monkeypatch):
+    """choose_unit compiles the plan with and without oneDNN weight packing and with its GEMMs in ONNX
+    Runtime, times them in turns and keeps the fastest; a variant that fails to compile is left out."""
+    from korch import threads
+
+    monkeypatch.setattr(threads, "openmp_yields", lambda: True)
+    model, weight = _matmul_relu_model()
+    result = optimize(model, target="cpu", cost="roofline")
     data, choice = unit.choose_unit(result.graph, result.plan)
     measured = choice["measured_ms"]
-    assert set(measured) == set(unit.WEIGHTS) and all(ms > 0 for ms in measured.values())
+    assert set(measured) == set(unit.VARIANTS) and all(ms > 0 for ms in measured.values())
     assert measured[choice["weights"]] == min(measured.values())
     x = torch.randn(4, 16)
     np.testing.assert_allclose(unit.CompiledUnit.from_bytes(data)(x)[0].numpy(),
@@ -211,11 +218,45 @@ def test_the_unit_is_the_faster_of_its_weight_variants(monkeypatch):
 
     compile_unit = unit.compile_unit
 
-    def packed_fails(graph, plan, device="cpu", prepack=True):
-        if prepack:
+    def packed_fails(graph, plan, device="cpu", variant=unit.VARIANTS["packed for oneDNN"]):
+        if variant.prepack:
             raise RuntimeError("no oneDNN here")
-        return compile_unit(graph, plan, device, prepack)
+        return compile_unit(graph, plan, device, variant)
 
     monkeypatch.setattr(unit, "compile_unit", packed_fails)
     _, choice = unit.choose_unit(result.graph, result.plan)
     assert choice == {"weights": "as given to ATen", "measured_ms": {}}
+
+
+def test_spinning_openmp_threads_leave_onnx_runtime_out(monkeypatch):
+    """Where torch's OpenMP threads spin, MLAS's threads would wait for the cores: the variant is not tried,
+    and a unit that was built with it warns when it loads."""
+    from korch import threads
+
+    monkeypatch.setattr(threads, "openmp_yields", lambda: False)
+    model, _ = _matmul_relu_model()
+    result = optimize(model, target="cpu", cost="roofline")
+    monkeypatch.setattr(unit, "CHOICE_ROUNDS", 1)
+    _, choice = unit.choose_unit(result.graph, result.plan)
+    assert "GEMMs by ONNX Runtime" not in choice["measured_ms"]
+    with pytest.warns(UserWarning, match="GOMP_SPINCOUNT=10000"):
+        unit.warn_if_spinning({"weights": "GEMMs by ONNX Runtime"}, "out")
+
+
+def test_gemms_by_onnx_runtime_compute_each_units_own_product():
+    """Two units compiled with ONNX Runtime GEMMs, loaded in one process, each multiply by their own weight
+    (sessions are keyed by a per-unit token), batched activations included, as ONNX Runtime computes it."""
+    from korch.backends import ort_gemm
+    from korch.ir.ort import run_model
+
+    variant = unit.VARIANTS["GEMMs by ONNX Runtime"]
+    models = [_matmul_relu_model((2, 5, 16), seed) for seed in (1, 2)]
+    units = []
+    for model, _ in models:
+        result = optimize(model, target="cpu", cost="roofline")
+        units.append(unit.CompiledUnit.from_bytes(unit.compile_unit(result.graph, result.plan, "cpu", variant)))
+    x = torch.randn(2, 5, 16)
+    for (model, _), loaded in zip(models, units):
+        np.testing.assert_allclose(loaded(x)[0].numpy(), run_model(model, {"x": x.numpy()})["y"],
+                                   rtol=1e-5, atol=1e-6)
+    assert len({unit_token for unit_token, _ in ort_gemm._SESSIONS}) >= 2

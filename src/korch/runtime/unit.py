@@ -34,7 +34,9 @@ kernels, CUDA graphs) keep the kernel-by-kernel executable.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import random
 import re
 import tempfile
 import warnings
@@ -44,6 +46,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from korch import threads
+from korch.backends import ort_gemm
 from korch.backends.torch_ops import node_function, runs_in_torch
 from korch.errors import KorchError
 from korch.ir.graph import Graph
@@ -52,8 +56,20 @@ from korch.orchestrate.plan import Plan
 
 UNIT_FILE = "model.pt2"
 _TAG = "korch_kernel"
-# how the frozen weights reach the vendor libraries: the variants choose_unit compiles and times
-WEIGHTS = {"packed for oneDNN": True, "as given to ATen": False}
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """How a unit's frozen weights reach the vendor libraries: ``prepack``, packed at compile time in
+    oneDNN's layouts (else ATen's calls take them as they are); ``ort_gemms``, products with a constant
+    weight run in ONNX Runtime's MLAS (``backends/ort_gemm.py``)."""
+
+    prepack: bool
+    ort_gemms: bool = False
+
+
+# the variants choose_unit compiles and times
+VARIANTS = {"packed for oneDNN": Variant(prepack=True), "as given to ATen": Variant(prepack=False),
+            "GEMMs by ONNX Runtime": Variant(prepack=True, ort_gemms=True)}
 CHOICE_ROUNDS = 3
 
 
@@ -70,7 +86,7 @@ def supports(graph: Graph, device: str) -> str | None:
 class PlanModule(torch.nn.Module):
     """The plan as one torch module: graph inputs in, graph outputs out, each kernel's operations tagged."""
 
-    def __init__(self, graph: Graph, plan: Plan, device: str = "cpu"):
+    def __init__(self, graph: Graph, plan: Plan, device: str = "cpu", ort_gemms: bool = False):
         super().__init__()
         self._constant_attr = {}
         for i, (name, value) in enumerate(graph.constants.items()):
@@ -78,8 +94,12 @@ class PlanModule(torch.nn.Module):
             self.register_buffer(attr, as_torch(value).to(device), persistent=True)
             self._constant_attr[name] = attr
         nodes = {node.name: node for node in graph.nodes}
-        self._kernels = [[(node_function(graph, nodes[n], device), nodes[n].inputs, nodes[n].outputs)
-                          for n in k.nodes] for k in plan.kernels]
+        gemms = [n for n in graph.nodes if ort_gemms and ort_gemm.eligible(graph, n)]
+        # a key the unit's calls carry, so that sessions of two units loaded in one process never mix
+        self.token = random.getrandbits(62) if gemms else None
+        functions = {n.name: ort_gemm.node_function(self.token, slot) for slot, n in enumerate(gemms)}
+        self._kernels = [[(functions.get(n) or node_function(graph, nodes[n], device), nodes[n].inputs,
+                           nodes[n].outputs) for n in k.nodes] for k in plan.kernels]
         self._inputs, self._outputs = list(graph.inputs), list(graph.outputs)
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -141,13 +161,14 @@ def example_inputs(graph: Graph, device: str) -> tuple[torch.Tensor, ...]:
     return tuple(x.to(device) for x in random_inputs(graph))
 
 
-def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", prepack: bool = True) -> bytes:
-    """The plan compiled into one AOTInductor package (the bytes of ``model.pt2``); ``prepack``: the frozen
-    weights are packed in oneDNN's layouts at compile time (else ATen's calls take them as they are)."""
+def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant = VARIANTS["packed for oneDNN"]) \
+        -> bytes:
+    """The plan compiled into one AOTInductor package (the bytes of ``model.pt2``), its weights as ``variant``
+    says."""
     reason = supports(graph, device)
     if reason:
         raise KorchError(f"no compiled unit: {reason}")
-    module = PlanModule(graph, plan, device).eval()
+    module = PlanModule(graph, plan, device, variant.ort_gemms).eval()
     inputs = example_inputs(graph, device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside export and AOTInductor
@@ -156,21 +177,24 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", prepack: bool = 
         # freezing: the weights are constants, so Inductor packs them once, at compile time, in the layout
         # oneDNN wants (blocked convolution weights), instead of on every call; it only applies without grad
         with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, kernel_boundaries(), torch.no_grad(), \
-                torch._inductor.config.patch({"freezing": True, "cpp.weight_prepack": prepack}):
+                torch._inductor.config.patch({"freezing": True, "cpp.weight_prepack": variant.prepack}):
             path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))
             return Path(path).read_bytes()
 
 
 def choose_unit(graph: Graph, plan: Plan, device: str = "cpu") -> tuple[bytes, dict]:
-    """The faster of the plan's units over ``WEIGHTS``, and what was measured: the variants take turns
+    """The fastest of the plan's units over ``VARIANTS``, and what was measured: the variants take turns
     (``CHOICE_ROUNDS`` rounds, median of the rounds' medians). A variant that fails to compile is left out;
     if all fail, the first failure is raised."""
     from korch.backends.timing import take_turns, time_kernel
 
     built, errors = {}, []
-    for name, prepack in WEIGHTS.items():
+    for name, variant in VARIANTS.items():
+        if variant.ort_gemms and not (threads.openmp_yields()
+                                      and any(ort_gemm.eligible(graph, node) for node in graph.nodes)):
+            continue  # nothing for ONNX Runtime to run, or spinning OpenMP threads would starve its threads
         try:
-            data = compile_unit(graph, plan, device, prepack)
+            data = compile_unit(graph, plan, device, variant)
             built[name] = (data, CompiledUnit.from_bytes(data))
         except Exception as exc:  # Inductor's failures are many: the other variant may compile
             errors.append(exc)
@@ -203,6 +227,14 @@ def check_compatible(recorded: dict, where: str) -> None:
         if recorded.get(key) != here[key]:
             raise KorchError(f"{where}: its compiled unit was built for {what} {recorded.get(key)}, this machine "
                              f"has {here[key]}: run korch optimize again here")
+
+
+def warn_if_spinning(recorded: dict, where: str) -> None:
+    """A warning when the unit ``recorded`` in a manifest calls ONNX Runtime's GEMMs in a process whose
+    OpenMP threads spin (it runs correctly, and slower than it was measured)."""
+    variant = VARIANTS.get(recorded.get("weights"))
+    if variant is not None and variant.ort_gemms and not threads.openmp_yields():
+        warnings.warn(f"{where}: its GEMMs run in ONNX Runtime, slower than measured: {threads.why_spinning()}")
 
 
 class CompiledUnit:

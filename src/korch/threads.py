@@ -6,10 +6,12 @@ that calls ONNX Runtime's GEMMs (``backends/ort_gemm.py``) runs MLAS's threads
 right after Inductor's loops, and spinning OpenMP workers hold the cores MLAS
 needs; not spinning at all (``OMP_WAIT_POLICY=PASSIVE``) makes every parallel
 region wake its workers, which costs convolution networks of many small loops.
-Measured on two cores (``benchmarks/openmp_spin.py``): a BERT layer's unit with
-ONNX Runtime GEMMs runs 40-50% faster spinning ``SPIN_COUNT`` rounds than
-spinning the default, as fast as passive; YOLOX-Nano runs as fast as with the
-default, 15-30% faster than passive.
+Measured on two cores (``benchmarks/openmp_spin.py``,
+``benchmarks/results/openmp_spin_cpu.json``; libgomp's default / 10,000 rounds
+/ passive): a BERT layer's unit with ONNX Runtime GEMMs 27.1 / 17.5 / 15.1 ms,
+a ViT block's 47.3 / 30.7 / 25.9 ms, YOLOX-Nano's (no GEMMs for ONNX Runtime,
+120 small loops) 33.2 / 28.6 / 35.6 ms: ``SPIN_COUNT`` rounds is the
+compromise.
 
 OpenMP reads its settings once, when torch is imported, so ``korch`` asks for
 ``GOMP_SPINCOUNT=SPIN_COUNT`` as its first act (unless the user set either

@@ -17,11 +17,13 @@ kernel, as Inductor does at its own stream boundaries) and never fuse loops of
 two kernels. Within a kernel Inductor fuses as it does when it builds that
 kernel alone, so the unit runs what the plan priced.
 
-The weights are frozen (Inductor's ``freezing``). Whether they are also packed
-once, at compile time, in the layouts oneDNN wants (its blocked convolution
-and GEMM weights) is measured, not assumed: ``choose_unit`` compiles the unit
-both ways and keeps the faster (on an AVX2 EPYC a BERT layer runs 15% faster
-with its GEMMs left to ATen's MKL call; YOLOv4's convolutions want the packing).
+The weights are frozen (Inductor's ``freezing``). How they reach the vendor
+libraries is measured, not assumed: ``choose_unit`` compiles the unit in each
+of ``VARIANTS`` and keeps the fastest: packed once, at compile time, in the
+layouts oneDNN wants (its blocked convolution and GEMM weights; YOLOv4's
+convolutions want it), left to ATen's MKL call, or with every product by a
+constant weight in ONNX Runtime's MLAS (``backends/ort_gemm.py``; on an AVX2
+EPYC a BERT layer's unit runs 15 ms this way against 18-20 ms through ATen).
 Freezing's own rewrites (a convolution and its activation into one oneDNN
 call) may join a convolution with the pointwise kernel after it; that is the
 one place the unit runs fewer kernels than planned.

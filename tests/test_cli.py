@@ -111,6 +111,12 @@ def test_bad_input_shape_spec(softmax_model):
     assert_one_line_error(korch("inspect", softmax_model, "--input-shape", "x=4xbanana"), "x=4xbanana")
 
 
+def test_dim_sizes_a_named_dimension(softmax_model):
+    assert korch("inspect", softmax_model, "--dim", "batch=4", "--json").returncode == 0
+    assert_one_line_error(korch("inspect", softmax_model, "--dim", "batch=four"), "batch=four")
+    assert_one_line_error(korch("inspect", softmax_model, "--dim", "seq=4"), "'seq'", "batch")
+
+
 def test_zoo_list_and_unknown_name(tmp_path):
     result = korch("zoo", "list")
     assert result.returncode == 0 and "candy" in result.stdout and "segformer_b0" in result.stdout

@@ -43,7 +43,7 @@ def _default_output(model) -> Path:
 
 def optimize(model, example_inputs=None, *, target: str | None = None, cost: str = "measured",
              db: str | os.PathLike | None = None, output: str | os.PathLike | None = None,
-             input_shapes: Mapping[str, Sequence[int]] | None = None, jobs: int | None = None,
+             input_shapes: Mapping[str, Sequence[int] | int] | None = None, jobs: int | None = None,
              time_limit: float | None = None, precision: str | None = None):
     """Optimize ``model`` and return its executable, loaded and checked against ONNX Runtime.
 
@@ -53,6 +53,8 @@ def optimize(model, example_inputs=None, *, target: str | None = None, cost: str
     else the CPU. ``cost``: "measured" (kernels built and timed, remembered in
     the profile database ``db``) or "roofline" (lower bounds only, fast).
     ``output``: the executable's directory (default: under the korch cache).
+    ``input_shapes``: static shapes for inputs with symbolic dimensions, an
+    input's name -> its dims, or a dimension's name -> its size (``{"seq": 128}``).
     ``precision``: "fp32" (default) or "tf32", how a GPU computes float32 products.
     """
     target = target or detect_target()

@@ -17,10 +17,11 @@ from pathlib import Path
 from korch.errors import KorchError
 
 
-def _input_shapes(specs: Sequence[str] | None) -> dict[str, tuple[int, ...]]:
-    from korch.frontend import parse_input_shape
+def _input_shapes(args) -> dict[str, tuple[int, ...] | int]:
+    """``--input-shape`` (input name -> dims) and ``--dim`` (dimension name -> size) as one mapping."""
+    from korch.frontend.inputs import parse_dim, parse_input_shape
 
-    return dict(parse_input_shape(s) for s in specs or ())
+    return {**dict(parse_input_shape(s) for s in args.input_shape or ()), **dict(parse_dim(s) for s in args.dim or ())}
 
 
 def _load(args):
@@ -28,7 +29,7 @@ def _load(args):
 
     from korch.pipeline import load_model, resolve_model
 
-    imported, graph, report = load_model(args.model, _input_shapes(args.input_shape))
+    imported, graph, report = load_model(args.model, _input_shapes(args))
     # the operator histogram is of the model as given, before folding (zoo exports are cached: no re-export)
     source = onnx.load(str(resolve_model(args.model)), load_external_data=False)
     return source, imported, graph, report
@@ -114,7 +115,7 @@ def cmd_optimize(args) -> int:
         task = progress.add_task("starting", total=None)
         result = optimize(
             args.model, output=args.output, target=args.target, cost=args.cost, db=args.db, jobs=args.jobs,
-            input_shapes=_input_shapes(args.input_shape), time_limit=args.time_limit, cut_points=args.cut_points,
+            input_shapes=_input_shapes(args), time_limit=args.time_limit, cut_points=args.cut_points,
             max_kernel_nodes=args.max_kernel_nodes, plan_only=args.plan_only,
             compiled_unit=False if args.kernel_by_kernel else None, progress=_callbacks(progress, task),
             precision=args.precision, cuda_graph=False if args.no_cuda_graph else None)
@@ -230,7 +231,7 @@ def cmd_bench(args) -> int:
             name = Path(args.model).stem.removeprefix("zoo:")
             outdir = Path(config.cache_dir) / "bench" / f"{name}-{args.target or 'auto'}-{args.cost}"
         optimized = optimize(args.model, output=outdir, target=args.target, cost=args.cost, db=args.db,
-                             jobs=args.jobs, input_shapes=_input_shapes(args.input_shape),
+                             jobs=args.jobs, input_shapes=_input_shapes(args),
                              progress=_callbacks(progress, task), precision=args.precision,
                              cuda_graph=False if args.no_cuda_graph else None)
         if optimized.executable is None:
@@ -325,7 +326,7 @@ def _db_check(args) -> int:
     from korch.pipeline import detect_target
 
     result = check_floors(args.model, target=args.target or detect_target(), db=args.db,
-                          input_shapes=_input_shapes(args.input_shape))
+                          input_shapes=_input_shapes(args))
     console = Console()
     console.print(f"{result.records} measured kernels of {result.signatures} distinct candidate kernels "
                   f"({result.candidates} candidates) on {result.device}: "
@@ -353,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("model", help="an ONNX file, or zoo:NAME for a bundled model")
         p.add_argument("--input-shape", action="append", metavar="NAME=1x3x224x224",
                        help="static shape for a graph input with symbolic dimensions (repeatable)")
+        p.add_argument("--dim", action="append", metavar="NAME=SIZE",
+                       help="size of every input dimension the model calls NAME, such as seq=128 (repeatable)")
 
     p = sub.add_parser("inspect", help="operator and primitive histograms, opaque operators, bytes and FLOPs")
     model_args(p)

@@ -9,6 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from korch.errors import KorchError
 from korch.frontend import ImportedModel, load_onnx, parse_input_shape
+from korch.frontend.inputs import parse_dim
 
 F = TensorProto.FLOAT
 
@@ -95,6 +96,38 @@ def test_override_contradicting_the_model(dims, words):
     with pytest.raises(KorchError) as excinfo:
         load_onnx(batch_model(), {"x": dims})
     assert words in one_line_error(excinfo)
+
+
+def two_inputs_sharing_seq() -> onnx.ModelProto:
+    nodes = [helper.make_node("Add", ["a", "b"], ["y"])]
+    return make(nodes, [tensor("a", F, ["batch", "seq", 4]), tensor("b", F, [1, "seq", 4])],
+                [tensor("y", F, ["batch", "seq", 4])])
+
+
+def test_a_named_dimension_is_set_in_every_input():
+    """--dim seq=7 sizes every input dimension called seq; the rest still needs a value (batch)."""
+    with pytest.raises(KorchError) as excinfo:
+        load_onnx(two_inputs_sharing_seq(), {"seq": 7})
+    assert "--dim batch=N" in one_line_error(excinfo)
+    imported = load_onnx(two_inputs_sharing_seq(), {"seq": 7, "batch": 2})
+    assert imported.shapes["a"] == ((2, 7, 4), "float32") and imported.shapes["b"] == ((1, 7, 4), "float32")
+    assert imported.shapes["y"] == ((2, 7, 4), "float32")
+    # an input's own shape and a named dimension together
+    assert load_onnx(two_inputs_sharing_seq(), {"seq": 3, "a": [5, 3, 4]}).shapes["y"] == ((5, 3, 4), "float32")
+
+
+def test_a_dimension_name_the_model_does_not_use():
+    with pytest.raises(KorchError) as excinfo:
+        load_onnx(two_inputs_sharing_seq(), {"sequence": 7})
+    message = one_line_error(excinfo)
+    assert "'sequence'" in message and "batch, seq" in message
+
+
+@pytest.mark.parametrize("spec", ["seq", "=4", "seq=", "seq=four", "seq=0", "seq=-3", "seq=1.5"])
+def test_parse_dim_rejects_bad_specs(spec):
+    with pytest.raises(KorchError) as excinfo:
+        parse_dim(spec)
+    assert "NAME=SIZE" in one_line_error(excinfo)
 
 
 def test_input_without_shape_takes_override():

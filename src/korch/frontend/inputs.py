@@ -2,7 +2,8 @@
 
 Initializers that old exporters also list as graph inputs are constants, not
 inputs. ``--input-shape NAME=1x3x224x224`` (parsed by ``parse_input_shape``)
-replaces an input's dims; afterwards every input must be fully static.
+replaces an input's dims, ``--dim seq=128`` (``parse_dim``) sets every input
+dimension the model names ``seq``; afterwards every input must be fully static.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ def parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
     return name, tuple(int(p) for p in parts)
 
 
+def parse_dim(spec: str) -> tuple[str, int]:
+    """``"seq=128"`` -> ``("seq", 128)``."""
+    name, sep, size = spec.strip().rpartition("=")
+    if not sep or not name.strip() or not size.strip().isdigit() or int(size) < 1:
+        raise KorchError(f"bad --dim '{spec}': expected NAME=SIZE with SIZE >= 1, such as seq=128")
+    return name.strip(), int(size)
+
+
 def drop_constant_inputs(graph: GraphProto, constants: Mapping[str, np.ndarray]) -> None:
     # Old exporters (IR < 4, or keep_initializers_as_inputs) list weights as inputs.
     for i in reversed(range(len(graph.input))):
@@ -52,10 +61,15 @@ def _is_dim(d) -> bool:
     return isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0
 
 
-def apply_overrides(graph: GraphProto, overrides: Mapping[str, Sequence[int]]) -> None:
-    """Replace the dims of the named graph inputs; they must agree with the model."""
+def apply_overrides(graph: GraphProto, overrides: Mapping[str, Sequence[int] | int]) -> None:
+    """Replace the dims of the named graph inputs (a sequence of dims, ``--input-shape``; they must agree with
+    the model) and set the named dimensions (an int, ``--dim``)."""
+    named = {name: size for name, size in overrides.items() if _is_dim(size)}
+    _set_named_dims(graph, named)
     inputs = {value.name: value for value in graph.input}
     for name, dims in overrides.items():
+        if name in named:
+            continue
         if name not in inputs:
             known = ", ".join(inputs) or "none"
             raise KorchError(
@@ -71,6 +85,21 @@ def apply_overrides(graph: GraphProto, overrides: Mapping[str, Sequence[int]]) -
         if tensor.HasField("shape"):
             _check_agrees(name, dims, tensor.shape.dim)
         value.type.CopyFrom(helper.make_tensor_type_proto(tensor.elem_type, dims))
+
+
+def _set_named_dims(graph: GraphProto, sizes: Mapping[str, int]) -> None:
+    dims = [d for value in graph.input if value.type.HasField("tensor_type")
+            for d in value.type.tensor_type.shape.dim]
+    names = sorted({d.dim_param for d in dims if d.dim_param})
+    for name, size in sizes.items():
+        if name not in names:
+            raise KorchError(f"--dim names '{name}', which no input dimension is called "
+                             f"(named dimensions: {', '.join(names) or 'none'})")
+        if size < 1:
+            raise KorchError(f"--dim {name}: the size must be >= 1, got {size}")
+    for d in dims:
+        if d.dim_param in sizes:
+            d.dim_value = int(sizes[d.dim_param])  # clears dim_param: the two are one field's alternatives
 
 
 def _check_agrees(name: str, dims: tuple[int, ...], old) -> None:
@@ -110,7 +139,8 @@ def require_static_inputs(graph: GraphProto) -> None:
         param = dims[axis].dim_param
         what = f"symbolic dimension '{param}'" if param else "an unknown dimension"
         suggestion = _format_dims(d.dim_value if s else 1 for d, s in zip(dims, static))
+        by_name = f"--dim {param}=N or " if param else ""
         raise KorchError(
             f"graph input '{name}' has {what} at axis {axis}; give it a static shape "
-            f"with --input-shape {name}={suggestion}"
+            f"with {by_name}--input-shape {name}={suggestion}"
         )

@@ -28,8 +28,8 @@ def optimize(model, example_inputs=None, **options):
     return _optimize(model, example_inputs, **options)
 
 
-def load(outdir, device=None, target=None):
+def load(outdir, device=None, target=None, allow_unchecked=False):
     """See ``korch.api.load``."""
     from korch.api import load as _load
 
-    return _load(outdir, device, target)
+    return _load(outdir, device, target, allow_unchecked)

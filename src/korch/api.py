@@ -44,7 +44,8 @@ def _default_output(model) -> Path:
 def optimize(model, example_inputs=None, *, target: str | None = None, cost: str = "measured",
              db: str | os.PathLike | None = None, output: str | os.PathLike | None = None,
              input_shapes: Mapping[str, Sequence[int] | int] | None = None, jobs: int | None = None,
-             time_limit: float | None = None, precision: str | None = None):
+             time_limit: float | None = None, precision: str | None = None, tolerance: float | None = None,
+             check_inputs=None):
     """Optimize ``model`` and return its executable, loaded and checked against ONNX Runtime.
 
     ``model``: an ONNX path, ``"zoo:NAME"``, an ``onnx.ModelProto`` or a torch
@@ -56,6 +57,8 @@ def optimize(model, example_inputs=None, *, target: str | None = None, cost: str
     ``input_shapes``: static shapes for inputs with symbolic dimensions, an
     input's name -> its dims, or a dimension's name -> its size (``{"seq": 128}``).
     ``precision``: "fp32" (default) or "tf32", how a GPU computes float32 products.
+    ``check_inputs`` (input name -> array) and ``tolerance`` (relative norm): the check against ONNX Runtime
+    runs on these inputs (others seeded random), within this tolerance or the reference's own spread.
     """
     target = target or detect_target()
     with tempfile.TemporaryDirectory(prefix="korch-export-") as workdir:
@@ -65,15 +68,18 @@ def optimize(model, example_inputs=None, *, target: str | None = None, cost: str
             output = _default_output(reference if not isinstance(reference, onnx.ModelProto) else "model")
             output = output.with_name(f"{output.name}-{digest}-{target}" + (f"-{precision}" if precision else ""))
         result = run_pipeline(reference, output=output, target=target, cost=cost, db=db, jobs=jobs,
-                              input_shapes=input_shapes, time_limit=time_limit, precision=precision)
+                              input_shapes=input_shapes, time_limit=time_limit, precision=precision,
+                              tolerance=tolerance, check_inputs=check_inputs)
     if result.executable is None:
         raise KorchError(f"no {target} device here to run the executable on")
     return result.executable
 
 
-def load(outdir: str | os.PathLike, device: str | None = None, target: str | None = None):
+def load(outdir: str | os.PathLike, device: str | None = None, target: str | None = None,
+         allow_unchecked: bool = False):
     """The executable ``korch optimize`` wrote in ``outdir``, ready to call on numpy arrays or torch tensors
-    (``device`` or ``target``, when given, must be what it was built for)."""
+    (``device`` or ``target``, when given, must be what it was built for; one that failed its check against
+    ONNX Runtime loads only with ``allow_unchecked``)."""
     from korch.runtime.load import load as load_executable
 
-    return load_executable(outdir, device, target)
+    return load_executable(outdir, device, target, allow_unchecked)

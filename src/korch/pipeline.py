@@ -80,7 +80,8 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
              input_shapes: Mapping[str, Sequence[int]] | None = None, time_limit: float | None = None,
              cut_points: str | None = None, max_kernel_nodes: int | None = None, plan_only: bool = False,
              compiled_unit: bool | None = None, progress: Progress | None = None,
-             precision: str | None = None, cuda_graph: bool | None = None) -> Optimized:
+             precision: str | None = None, cuda_graph: bool | None = None, tolerance: float | None = None,
+             check_inputs: Mapping | None = None) -> Optimized:
     """The optimal plan of ``model`` (a path, ``zoo:NAME`` or a ModelProto) for ``target``, and with
     ``output`` its executable, built, checked against ONNX Runtime and written there.
 
@@ -89,8 +90,10 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     optimal plan could use (lazily), remembering them in the profile database ``db``.
     Without ``output`` nothing is built or written. Without the target's device (planning
     for a GPU on a CPU-only machine), or with ``plan_only``, only the plan and the reports
-    are written. A mismatch with ONNX Runtime raises ``CheckFailed`` after the reports are
-    written (the directory then has no manifest: nothing loads it). ``compiled_unit`` (default
+    are written. A mismatch with ONNX Runtime raises ``CheckFailed`` after the executable and the reports
+    are written (its manifest says it failed: loading it then needs ``allow_unchecked``); the check runs on
+    ``check_inputs`` (inputs not given are seeded random) within ``tolerance`` (default: the precision
+    policy's; ``runtime/selfcheck.py``). ``compiled_unit`` (default
     ``config.compiled_unit``): on a CPU, the executable is the whole plan compiled into one package
     (``runtime/unit.py``) where it can be. ``precision`` (default ``config.precision``): how a GPU computes
     float32 products, korch's kernels and the libraries alike (``korch/precision.py``). ``cuda_graph``
@@ -104,14 +107,27 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     target = target or detect_target()
     if policy.tf32 and get_device(target).name == "cpu":
         raise KorchError(f"--precision {policy.name} is for GPU targets: a CPU computes float32 products exactly")
+    if tolerance is not None and not 0 < tolerance < 1:
+        raise KorchError(f"--tolerance is a relative norm between 0 and 1, got {tolerance:g}")
+    check = _Check(tolerance, dict(check_inputs) if check_inputs is not None else None)
     with policies.use(policy), config.patch(cuda_graph=config.cuda_graph if cuda_graph is None else cuda_graph):
         return _optimize(model, output=output, target=target, cost=cost, db=db, jobs=jobs, input_shapes=input_shapes,
                          time_limit=time_limit, cut_points=cut_points, max_kernel_nodes=max_kernel_nodes,
-                         plan_only=plan_only, compiled_unit=compiled_unit, progress=progress)
+                         plan_only=plan_only, compiled_unit=compiled_unit, progress=progress, check=check)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Check:
+    """How the executable is checked against ONNX Runtime: within ``tolerance`` (None: the policy's), on
+    ``inputs`` (None, or those not given: seeded random)."""
+
+    tolerance: float | None = None
+    inputs: dict | None = None
 
 
 def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, time_limit, cut_points,
-              max_kernel_nodes, plan_only: bool, compiled_unit: bool | None, progress: Progress | None) -> Optimized:
+              max_kernel_nodes, plan_only: bool, compiled_unit: bool | None, progress: Progress | None,
+              check: _Check) -> Optimized:
     from korch import config
     from korch.backends.registry import BackendPredicate, backends_for, device_for
     from korch.cost import candidate_bounds, get_device
@@ -173,7 +189,7 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
             write_plan(output, plan, _reports(result, None))
         return result
     return _build_check_write(result, target, device_for(target), Path(output), stage, progress,
-                              config.compiled_unit if compiled_unit is None else compiled_unit)
+                              config.compiled_unit if compiled_unit is None else compiled_unit, check)
 
 
 def _compile_unit(graph, plan, device: str) -> tuple[bytes | None, str, dict]:
@@ -192,7 +208,7 @@ def _compile_unit(graph, plan, device: str) -> tuple[bytes | None, str, dict]:
 
 
 def _build_check_write(result: Optimized, target: str, device: str, output: Path, stage: _Stages,
-                       progress: Progress, compiled_unit: bool = True) -> Optimized:
+                       progress: Progress, compiled_unit: bool = True, how: _Check = _Check()) -> Optimized:
     from korch.runtime.assemble import assemble
     from korch.runtime.build import build_plan, recheck
     from korch.runtime.selfcheck import check_against_onnxruntime
@@ -200,6 +216,10 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
 
     graph, plan = result.graph, result.plan
     reference_model = onnx.load_from_string(result.reference)
+
+    def checked(executable):
+        return check_against_onnxruntime(executable, reference_model, how.inputs, tolerance=how.tolerance)
+
     with stage("build"):
         steps = build_plan(graph, plan, target, device, progress.on_build, check_kernels=False)
     unit, unit_note, unit_choice = None, "not asked for (kernel by kernel)", {}
@@ -209,11 +229,11 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
     assembled = assemble(graph, plan, steps, target=target, device=device, reference_model=result.reference,
                          unit=unit, unit_note=unit_note, unit_choice=unit_choice)
     with stage("check"):
-        check = check_against_onnxruntime(assembled.executable, reference_model)
+        check = checked(assembled.executable)
         if not check.ok and unit is not None:  # the unit is wrong: the kernels alone may be right
             assembled = assemble(graph, plan, steps, target=target, device=device,
                                  reference_model=result.reference, unit_note=f"the unit {check.summary()}")
-            check = check_against_onnxruntime(assembled.executable, reference_model)
+            check = checked(assembled.executable)
         if not check.ok:  # find the kernels that are wrong, rebuild them with the next backend, check again
             if progress.on_stage:
                 progress.on_stage("check each kernel against the reference executor")
@@ -221,13 +241,14 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
             if rebuilt:
                 assembled = assemble(graph, plan, steps, target=target, device=device,
                                      reference_model=result.reference, unit_note="kernels rebuilt after a check")
-                check = check_against_onnxruntime(assembled.executable, reference_model)
+                check = checked(assembled.executable)
     assembled.manifest["check"] = check.to_json()
     assembled.executable.check = check
     with stage("write"):
-        write_executable(output, assembled, _reports(result, assembled.manifest), checked=check.ok)
+        write_executable(output, assembled, _reports(result, assembled.manifest))
     if not check.ok:
-        raise CheckFailed(f"the executable in {output} {check.summary()}; see {output / 'report.md'}")
+        raise CheckFailed(f"the executable in {output} {check.summary()}; see {output / 'report.md'}; it is kept, "
+                          f"marked as failing its check: korch run {output} --allow-unchecked runs it")
     result.executable, result.manifest = assembled.executable, assembled.manifest
     return result
 

@@ -35,8 +35,8 @@ def session(model: onnx.ModelProto | bytes | str, optimize: bool = True) -> ort.
 
 
 def run_model(model: onnx.ModelProto | bytes | str, feeds: Mapping[str, np.ndarray],
-              outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-    sess = session(model)
+              outputs: Sequence[str] | None = None, optimize: bool = True) -> dict[str, np.ndarray]:
+    sess = session(model, optimize)
     names = list(outputs) if outputs else [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, dict(feeds))))
 

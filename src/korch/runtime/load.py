@@ -26,10 +26,17 @@ from korch.runtime.build import kernel_graphs, rebuild
 from korch.runtime.executable import Executable
 
 
-def load(outdir: str | os.PathLike, device: str | None = None, target: str | None = None) -> Executable:
-    """The executable in ``outdir`` on its target's device (``device`` and ``target``, when given, must agree)."""
+def load(outdir: str | os.PathLike, device: str | None = None, target: str | None = None,
+         allow_unchecked: bool = False) -> Executable:
+    """The executable in ``outdir`` on its target's device (``device`` and ``target``, when given, must agree);
+    one that failed its check against ONNX Runtime only with ``allow_unchecked``."""
     manifest, files = bundle.read_manifest(outdir)
     outdir = Path(outdir)
+    check = manifest.get("check") or {}
+    if check and not check.get("ok", False) and not allow_unchecked:
+        raise KorchError(f"{outdir} did not match ONNX Runtime when it was built (max rel error "
+                         f"{check.get('max_rel', float('nan')):.3g}; see its report.md): --allow-unchecked runs it "
+                         "anyway, korch optimize --tolerance or --check-inputs checks it otherwise")
     built_for = manifest["device"]
     if target is not None and get_device(target).name != get_device(manifest["target"]).name:
         raise KorchError(f"{outdir} was built for {manifest['target']}, not for {target}: "

@@ -5,6 +5,13 @@ compared the way a built kernel is (``korch.backends.check.compare``: relative
 norm within tolerance, NaN and infinity at the same places, integers exact),
 and the report adds the largest absolute error and that error relative to the
 output's largest magnitude.
+
+The reference is not exact either: ONNX Runtime with its graph optimisations
+and without them differ on the same inputs (fused kernels round differently;
+a trained text detector's saturated sigmoid output by 2.7e-3 in relative
+norm). Each output's tolerance is the larger of the precision policy's (or the
+user's ``--tolerance``) and ``SPREAD_FACTOR`` times that spread, so a correct
+executable is not thrown away for the reference's own noise.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from korch.backends.check import FLOAT_TOLERANCE, compare
 from korch.ir import ort
 
 
+SPREAD_FACTOR = 2.0
+
+
 @dataclasses.dataclass(frozen=True)
 class OutputCheck:
     name: str
@@ -28,6 +38,8 @@ class OutputCheck:
     max_rel: float        # max |korch - ort| / max |ort|
     rel_norm: float       # ||korch - ort|| / ||ort||
     message: str = ""
+    tolerance: float | None = None         # this output's, when not the model's
+    reference_spread: float | None = None  # ONNX Runtime's optimised against unoptimised, relative norm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,31 +79,50 @@ def seeded_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int | 
 
 
 def check_outputs(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray],
-                  tolerance: float = FLOAT_TOLERANCE) -> ModelCheck:
+                  tolerance: float = FLOAT_TOLERANCE, spreads: Mapping[str, float] | None = None) -> ModelCheck:
+    """Each output of ``actual`` against ``expected`` within ``tolerance``, widened per output to
+    ``SPREAD_FACTOR`` times the reference's own spread where ``spreads`` gives one."""
     results = []
     for name, want in expected.items():
         got = np.asarray(actual[name])
-        result = compare(torch.from_numpy(np.ascontiguousarray(got)), np.asarray(want), name, tolerance)
+        spread = (spreads or {}).get(name)
+        own = max(tolerance, SPREAD_FACTOR * spread) if spread is not None and np.isfinite(spread) else tolerance
+        result = compare(torch.from_numpy(np.ascontiguousarray(got)), np.asarray(want), name, own)
         scale = float(np.abs(want).max(initial=0.0)) if want.dtype.kind in "fc" and want.size else 0.0
         finite = np.isfinite(result.max_abs)
         max_rel = result.max_abs / scale if scale > 0 and finite else (result.max_abs if finite else float("inf"))
-        results.append(OutputCheck(name, result.ok, result.max_abs, max_rel, result.rel_norm, result.message))
+        results.append(OutputCheck(name, result.ok, result.max_abs, max_rel, result.rel_norm, result.message,
+                                   own if own != tolerance else None, spread))
     return ModelCheck(tuple(results), tolerance)
 
 
+def reference(model, feeds: Mapping[str, np.ndarray], outputs) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """ONNX Runtime's outputs on ``feeds`` (all graph optimisations), and each float output's spread: the
+    relative norm between them and ONNX Runtime's without optimisations."""
+    expected = ort.run_model(model, feeds, outputs)
+    plain = ort.run_model(model, feeds, outputs, optimize=False)
+    spreads = {}
+    for name, want in expected.items():
+        if want.dtype.kind == "f" and want.shape == plain[name].shape:
+            spreads[name] = compare(torch.from_numpy(np.ascontiguousarray(plain[name])), want, name).rel_norm
+    return expected, spreads
+
+
 def check_against_onnxruntime(executable, reference_model, feeds: Mapping[str, np.ndarray] | None = None,
-                              seed: int | None = None) -> ModelCheck:
+                              seed: int | None = None, tolerance: float | None = None) -> ModelCheck:
     """Run ``executable`` and ONNX Runtime on ``reference_model`` (a path, bytes or ModelProto) and compare,
-    within the tolerance of the executable's precision policy. An executable that replays a CUDA graph is
-    checked on a replayed call too (a capture that fails raises ``CudaGraphFailed``)."""
+    within ``tolerance`` (default: that of the executable's precision policy) or the reference's own spread.
+    Inputs not in ``feeds`` are seeded random. An executable that replays a CUDA graph is checked on a
+    replayed call too (a capture that fails raises ``CudaGraphFailed``)."""
     specs = {name: (shape, dtype) for name, (shape, dtype) in executable.input_specs.items()}
-    feeds = dict(feeds) if feeds is not None else seeded_inputs(specs, seed)
-    expected = ort.run_model(reference_model, feeds, executable.output_names)
-    tolerance = executable.precision.model_tolerance
-    result = check_outputs(executable.run(feeds), expected, tolerance)
+    given = dict(feeds or {})
+    feeds = {**seeded_inputs({n: s for n, s in specs.items() if n not in given}, seed), **given}
+    expected, spreads = reference(reference_model, feeds, executable.output_names)
+    tolerance = executable.precision.model_tolerance if tolerance is None else tolerance
+    result = check_outputs(executable.run(feeds), expected, tolerance, spreads)
     if not result.ok or not executable.cuda_graph:
         return result
     for _ in range(executable.calls_until_replay):
         executable.run(feeds)
-    replayed = check_outputs(executable.run(feeds), expected, tolerance)  # the captured graph's own outputs
+    replayed = check_outputs(executable.run(feeds), expected, tolerance, spreads)  # the captured graph's outputs
     return dataclasses.replace(replayed, replayed=True)

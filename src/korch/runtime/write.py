@@ -1,9 +1,9 @@
 """Writing an executable's directory (OUTDIR) through a ``bundle.BundleWriter``.
 
 ``write_executable`` writes an assembled executable's files and its reports;
-the manifest (with every file's checksum) comes last and only for a checked
-executable, so a directory that failed its check has reports to read and
-nothing that loads. ``write_plan`` writes a plan and its reports alone (no
+the manifest (with every file's checksum) comes last. Its ``check`` says
+whether the executable matched ONNX Runtime: one that did not loads only when
+asked to (``korch run --allow-unchecked``). ``write_plan`` writes a plan and its reports alone (no
 device to build on, or ``--plan-only``).
 """
 
@@ -18,15 +18,13 @@ from korch.runtime import bundle
 from korch.runtime.assemble import Assembled
 
 
-def write_executable(outdir: str | os.PathLike, assembled: Assembled, reports: Mapping[str, bytes], *,
-                     checked: bool) -> Path:
-    """Write ``assembled`` and ``reports`` to ``outdir``; the manifest only when ``checked``."""
+def write_executable(outdir: str | os.PathLike, assembled: Assembled, reports: Mapping[str, bytes]) -> Path:
+    """Write ``assembled`` and ``reports`` to ``outdir``, the manifest last."""
     writer = bundle.BundleWriter(outdir)
     writer.clear("kernels")
     for name, data in {**assembled.files, **reports}.items():
         writer.write(name, data)
-    if checked:
-        writer.finish(assembled.manifest)
+    writer.finish(assembled.manifest)
     return Path(outdir)
 
 

@@ -232,11 +232,11 @@ def bench(executable, *, model, reference_model: bytes, peers: Sequence[str], ta
     """
     from korch.backends.timing import take_turns
     from korch.runtime import bundle
-    from korch.runtime.selfcheck import seeded_inputs
+    from korch.runtime.selfcheck import given_at_build, seeded_inputs
 
     device = executable.device.type
-    feeds = feeds or seeded_inputs(executable.input_specs)
-    inputs = [torch.from_numpy(np.ascontiguousarray(feeds[n])).to(device) for n in executable.input_names]
+    feeds = feeds or {**seeded_inputs(executable.input_specs), **given_at_build(executable)}
+    inputs = [torch.from_numpy(np.asarray(feeds[n], order="C")).to(device) for n in executable.input_names]
     module, note, module_error = None, "", None
     if not set(peers) <= {"ort"}:
         try:

@@ -24,12 +24,18 @@ def _input_shapes(args) -> dict[str, tuple[int, ...] | int]:
     return {**dict(parse_input_shape(s) for s in args.input_shape or ()), **dict(parse_dim(s) for s in args.dim or ())}
 
 
+def _input_values(args) -> dict:
+    from korch.frontend.inputs import parse_input_value
+
+    return dict(parse_input_value(s) for s in getattr(args, "input_value", None) or ())
+
+
 def _load(args):
     import onnx
 
     from korch.pipeline import load_model, resolve_model
 
-    imported, graph, report = load_model(args.model, _input_shapes(args))
+    imported, graph, report = load_model(args.model, _input_shapes(args), _input_values(args))
     # the operator histogram is of the model as given, before folding (zoo exports are cached: no re-export)
     source = onnx.load(str(resolve_model(args.model)), load_external_data=False)
     return source, imported, graph, report
@@ -119,7 +125,8 @@ def cmd_optimize(args) -> int:
             max_kernel_nodes=args.max_kernel_nodes, plan_only=args.plan_only,
             compiled_unit=False if args.kernel_by_kernel else None, progress=_callbacks(progress, task),
             precision=args.precision, cuda_graph=False if args.no_cuda_graph else None,
-            tolerance=args.tolerance, check_inputs=_read_npz(args.check_inputs, "--check-inputs"))
+            tolerance=args.tolerance, check_inputs=_read_npz(args.check_inputs, "--check-inputs"),
+            input_values=_input_values(args))
     out = args.output
     plan = result.plan
     optimal = all(s.optimal for s in plan.segments)
@@ -188,13 +195,17 @@ def cmd_run(args) -> int:
     import onnx
 
     from korch.api import load
-    from korch.runtime.selfcheck import check_outputs, reference, seeded_inputs
+    from korch.runtime.selfcheck import check_outputs, given_at_build, reference, seeded_inputs
 
     executable = load(args.outdir, target=args.target, allow_unchecked=args.allow_unchecked)
     feeds = {**(_read_npz(args.inputs, "--inputs") or {}), **_read_inputs(args.input)}
     unknown = [n for n in feeds if n not in executable.input_specs]
     if unknown:
         raise KorchError(f"unknown input(s) {', '.join(unknown)}; the executable takes {executable.describe_inputs()}")
+    built_with = {n: v for n, v in given_at_build(executable).items() if n not in feeds}
+    if built_with:
+        feeds.update(built_with)
+        print(f"input(s) given with --input-value when built: {', '.join(built_with)}")
     random = [n for n in executable.input_names if n not in feeds]
     if random:
         feeds.update({n: v for n, v in seeded_inputs(executable.input_specs).items() if n in random})
@@ -247,7 +258,7 @@ def cmd_bench(args) -> int:
             name = Path(args.model).stem.removeprefix("zoo:")
             outdir = Path(config.cache_dir) / "bench" / f"{name}-{args.target or 'auto'}-{args.cost}"
         optimized = optimize(args.model, output=outdir, target=args.target, cost=args.cost, db=args.db,
-                             jobs=args.jobs, input_shapes=_input_shapes(args),
+                             jobs=args.jobs, input_shapes=_input_shapes(args), input_values=_input_values(args),
                              progress=_callbacks(progress, task), precision=args.precision,
                              cuda_graph=False if args.no_cuda_graph else None)
         if optimized.executable is None:
@@ -372,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="static shape for a graph input with symbolic dimensions (repeatable)")
         p.add_argument("--dim", action="append", metavar="NAME=SIZE",
                        help="size of every input dimension the model calls NAME, such as seq=128 (repeatable)")
+        p.add_argument("--input-value", action="append", metavar="NAME=VALUE",
+                       help="a value for an input that steers the model (an If on a sample rate), used where "
+                            "shapes are probed and in the check; NAME=N1,N2,... for several (repeatable)")
 
     p = sub.add_parser("inspect", help="operator and primitive histograms, opaque operators, bytes and FLOPs")
     model_args(p)

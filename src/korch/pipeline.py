@@ -81,7 +81,7 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
              cut_points: str | None = None, max_kernel_nodes: int | None = None, plan_only: bool = False,
              compiled_unit: bool | None = None, progress: Progress | None = None,
              precision: str | None = None, cuda_graph: bool | None = None, tolerance: float | None = None,
-             check_inputs: Mapping | None = None) -> Optimized:
+             check_inputs: Mapping | None = None, input_values: Mapping | None = None) -> Optimized:
     """The optimal plan of ``model`` (a path, ``zoo:NAME`` or a ModelProto) for ``target``, and with
     ``output`` its executable, built, checked against ONNX Runtime and written there.
 
@@ -93,7 +93,8 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     are written. A mismatch with ONNX Runtime raises ``CheckFailed`` after the executable and the reports
     are written (its manifest says it failed: loading it then needs ``allow_unchecked``); the check runs on
     ``check_inputs`` (inputs not given are seeded random) within ``tolerance`` (default: the precision
-    policy's; ``runtime/selfcheck.py``). ``compiled_unit`` (default
+    policy's; ``runtime/selfcheck.py``). ``input_values`` (input name -> value, broadcast to its shape):
+    what shape probing and the check run on, for inputs that steer control flow. ``compiled_unit`` (default
     ``config.compiled_unit``): on a CPU, the executable is the whole plan compiled into one package
     (``runtime/unit.py``) where it can be. ``precision`` (default ``config.precision``): how a GPU computes
     float32 products, korch's kernels and the libraries alike (``korch/precision.py``). ``cuda_graph``
@@ -109,7 +110,7 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
         raise KorchError(f"--precision {policy.name} is for GPU targets: a CPU computes float32 products exactly")
     if tolerance is not None and not 0 < tolerance < 1:
         raise KorchError(f"--tolerance is a relative norm between 0 and 1, got {tolerance:g}")
-    check = _Check(tolerance, dict(check_inputs) if check_inputs is not None else None)
+    check = _Check(tolerance, dict(check_inputs) if check_inputs is not None else None, input_values)
     with policies.use(policy), config.patch(cuda_graph=config.cuda_graph if cuda_graph is None else cuda_graph):
         return _optimize(model, output=output, target=target, cost=cost, db=db, jobs=jobs, input_shapes=input_shapes,
                          time_limit=time_limit, cut_points=cut_points, max_kernel_nodes=max_kernel_nodes,
@@ -123,6 +124,7 @@ class _Check:
 
     tolerance: float | None = None
     inputs: dict | None = None
+    values: Mapping | None = None  # --input-value: also for shape probing; check_inputs win where both give one
 
 
 def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, time_limit, cut_points,
@@ -149,7 +151,10 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
 
     with stage("import and fission"):
         reference = model_bytes(model)
-        _, graph, _ = load_model(model, input_shapes)
+        imported, graph, _ = load_model(model, input_shapes, check.values)
+        if imported.input_values:
+            check = dataclasses.replace(check, inputs={**imported.input_values, **(check.inputs or {})},
+                                        values=imported.input_values)
     with stage("candidate kernels"):
         candidates = enumerate_candidates(graph, max_nodes=max_kernel_nodes or config.max_kernel_nodes,
                                           predicate=BackendPredicate(backends_for(target)))
@@ -243,6 +248,8 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
                                      reference_model=result.reference, unit_note="kernels rebuilt after a check")
                 check = checked(assembled.executable)
     assembled.manifest["check"] = check.to_json()
+    if how.values:  # korch run feeds them where its user gives none (they may steer control flow)
+        assembled.manifest["input_values"] = {name: value.tolist() for name, value in how.values.items()}
     assembled.executable.check = check
     with stage("write"):
         write_executable(output, assembled, _reports(result, assembled.manifest))
@@ -273,13 +280,14 @@ def resolve_model(model: str | os.PathLike | onnx.ModelProto) -> str | Path | on
     return model
 
 
-def load_model(model: str | os.PathLike | onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None):
+def load_model(model: str | os.PathLike | onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None,
+               input_values: Mapping | None = None):
     """Import and fission: ``model`` -> (``ImportedModel``, primitive ``Graph``, ``FissionReport``); the one way
     the CLI, the API and the tests turn a model reference into primitives. Opaque operators warn."""
     from korch.fission import fission_with_report
     from korch.frontend import load_onnx
 
-    imported = load_onnx(resolve_model(model), input_shapes)
+    imported = load_onnx(resolve_model(model), input_shapes, input_values)
     name = Path(model).stem if isinstance(model, (str, os.PathLike)) else None
     graph, report = fission_with_report(imported, name=name.removeprefix(ZOO_PREFIX) if name else None)
     report.warn()

@@ -56,7 +56,7 @@ class _Gemm:
             [numpy_helper.from_array(weight.detach().cpu().numpy(), "w")])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
         options = onnxruntime.SessionOptions()
-        options.log_severity_level = 3
+        options.log_severity_level = 4
         options.intra_op_num_threads = torch.get_num_threads()
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = onnxruntime.InferenceSession(model.SerializeToString(), options,

@@ -22,7 +22,7 @@ from korch.fission.builder import Builder, is_supported_dtype
 from korch.fission.registry import Rule, find_rule
 from korch.frontend import ImportedModel
 from korch.ir.graph import Graph, Tensor
-from korch.ir.to_onnx import encode_opaque
+from korch.ir.to_onnx import encode_opaque, outer_scope_names
 from korch.ir.verify import verify
 
 
@@ -115,7 +115,11 @@ def fission_with_report(imported: ImportedModel, *, name: str | None = None) -> 
                        for o in node.output if o]
             attrs = {"op_type": node.op_type, "domain": node.domain, "opset": domain_opset,
                      "default_opset": imported.opset, "node": encode_opaque(node)}
-            results = builder.opaque([x or "" for x in inputs], outputs, attrs)
+            # an If's or a Loop's body may read values of the enclosing graph by name: they become inputs too
+            captures = [n for n in outer_scope_names(node) if n in value_of]
+            if captures:
+                attrs["captures"] = tuple(captures)
+            results = builder.opaque([x or "" for x in inputs] + [value_of[n] for n in captures], outputs, attrs)
             report.opaque.setdefault(node.op_type, why)
             report.opaque_count[node.op_type] += 1
             value_of.update(zip([o for o in node.output if o], results))

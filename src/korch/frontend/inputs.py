@@ -39,6 +39,43 @@ def parse_dim(spec: str) -> tuple[str, int]:
     return name.strip(), int(size)
 
 
+def parse_input_value(spec: str) -> tuple[str, np.ndarray]:
+    """``"sr=16000"`` -> ``("sr", array(16000.))``; ``"ids=1,2,3"`` -> a 1-D array (cast to the input's type
+    by ``check_input_values``)."""
+    name, sep, text = spec.strip().partition("=")
+    try:
+        numbers = [float(v) for v in text.split(",")] if sep and name.strip() and text.strip() else None
+    except ValueError:
+        numbers = None
+    if numbers is None:
+        raise KorchError(f"bad --input-value '{spec}': expected NAME=NUMBER or NAME=N1,N2,..., such as sr=16000")
+    return name.strip(), np.array(numbers[0] if len(numbers) == 1 else numbers)
+
+
+def check_input_values(graph: GraphProto, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``values`` cast to their graph inputs' element types and broadcast to their (static) shapes."""
+    from onnx import helper as onnx_helper
+
+    inputs = {value.name: value for value in graph.input}
+    checked = {}
+    for name, value in values.items():
+        if name not in inputs:
+            raise KorchError(f"--input-value names '{name}', which is no graph input (inputs: {', '.join(inputs)})")
+        tensor = inputs[name].type.tensor_type
+        dtype = onnx_helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        shape = tuple(d.dim_value for d in tensor.shape.dim)
+        value = np.asarray(value)
+        cast = value.astype(dtype)
+        if value.dtype.kind == "f" and dtype.kind in "iub" and not np.array_equal(cast, value):
+            raise KorchError(f"--input-value {name}: {value.tolist()} is not a whole number; {name} is {dtype}")
+        try:
+            checked[name] = np.array(np.broadcast_to(cast, shape))  # a copy; ascontiguousarray makes 0-d 1-d
+        except ValueError:
+            raise KorchError(f"--input-value {name}: {value.size} value(s) do not fit its shape "
+                             f"{_format_dims(shape) or 'scalar'}") from None
+    return checked
+
+
 def drop_constant_inputs(graph: GraphProto, constants: Mapping[str, np.ndarray]) -> None:
     # Old exporters (IR < 4, or keep_initializers_as_inputs) list weights as inputs.
     for i in reversed(range(len(graph.input))):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ from korch.frontend.fold import Folder
 from korch.frontend.graph import remove_dead, topo_sort
 from korch.frontend.inputs import (
     apply_overrides,
+    check_input_values,
     drop_constant_inputs,
     parse_input_shape,
     require_static_inputs,
@@ -42,16 +44,20 @@ class ImportedModel:
     shapes: dict[str, tuple[tuple[int, ...], str]]
     constants: dict[str, np.ndarray]
     opset: int
+    input_values: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # given, typed and shaped
 
 
 def load_onnx(
     model: str | os.PathLike | ModelProto,
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    input_shapes: Mapping[str, Sequence[int] | int] | None = None,
+    input_values: Mapping[str, np.ndarray] | None = None,
 ) -> ImportedModel:
     """Load, validate and clean an ONNX model (a path or a proto, which is copied).
 
     ``input_shapes`` overrides graph input shapes, typically symbolic batch
-    dimensions; afterwards every graph input must be static. Raises
+    dimensions; afterwards every graph input must be static. ``input_values``
+    are what onnxruntime runs on where shapes are probed (an input that steers
+    an ``If`` needs its real value; others are seeded random). Raises
     KorchError for anything the user can fix.
     """
     proto, base_dir, label = _read(model)
@@ -72,7 +78,8 @@ def load_onnx(
 
     nodes, shapes = _simplify(proto, constants, opset)
     _write_back(proto, nodes, constants, stored)
-    return ImportedModel(proto, _resolve(proto, constants, shapes), constants, opset)
+    values = check_input_values(graph, input_values or {})
+    return ImportedModel(proto, _resolve(proto, constants, shapes, values), constants, opset, values)
 
 
 def _read(model: str | os.PathLike | ModelProto) -> tuple[ModelProto, str, str]:
@@ -203,7 +210,8 @@ def _write_back(
     proto.ir_version = max(proto.ir_version, 4)
 
 
-def _resolve(proto: ModelProto, constants: dict[str, np.ndarray], inferred: Shapes) -> dict:
+def _resolve(proto: ModelProto, constants: dict[str, np.ndarray], inferred: Shapes,
+             values: Mapping[str, np.ndarray]) -> dict:
     """A static shape and dtype for every tensor, written into the model's types.
 
     onnxruntime fills in what onnx's inference could not.
@@ -225,7 +233,7 @@ def _resolve(proto: ModelProto, constants: dict[str, np.ndarray], inferred: Shap
             shape, dtype = shapes[value.name]
             elem = elem_type_of(dtype) if dtype else value.type.tensor_type.elem_type
             value.type.CopyFrom(helper.make_tensor_type_proto(elem, shape))
-        shapes.update(probe_with_ort(proto, missing))
+        shapes.update(probe_with_ort(proto, missing, values))
     for value in graph.output:
         shape, dtype = shapes[value.name]
         value.type.CopyFrom(helper.make_tensor_type_proto(elem_type_of(dtype), shape))

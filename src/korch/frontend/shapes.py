@@ -10,7 +10,7 @@ with the missing tensors as extra outputs, and their shapes are read off.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -130,8 +130,9 @@ def _random_input(value: ValueInfoProto, rng: np.random.Generator) -> np.ndarray
     return rng.standard_normal(shape).astype(dtype)
 
 
-def probe_with_ort(model: ModelProto, names: list[str]) -> Shapes:
-    """Shapes and dtypes of ``names`` from one onnxruntime run of ``model``.
+def probe_with_ort(model: ModelProto, names: list[str], values: Mapping[str, np.ndarray] | None = None) -> Shapes:
+    """Shapes and dtypes of ``names`` from one onnxruntime run of ``model`` on ``values`` (inputs not
+    given are seeded random).
 
     The names become extra graph outputs for the run only; ``model`` is
     restored afterwards. Raises KorchError naming the first tensor when
@@ -151,18 +152,21 @@ def probe_with_ort(model: ModelProto, names: list[str]) -> Shapes:
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: failures reach the user as korch's one-line errors
     rng = np.random.default_rng(config.seed)
     try:
         session = ort.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
         feeds = {value.name: _random_input(value, rng) for value in graph.input}
+        feeds.update(values or {})
         wanted = [name for name in names]
         results = session.run(wanted, feeds)
     except Exception as exc:  # noqa: BLE001 - any onnxruntime failure is reported the same way
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        random = [value.name for value in graph.input if value.name not in (values or {})]
+        hint = f"; inputs {', '.join(random)} were random: give their values with --input-value" if random else ""
         raise KorchError(
             f"cannot find a static shape for tensor '{names[0]}': onnx shape inference "
-            f"gives none and onnxruntime cannot run the model ({reason[:300]})"
+            f"gives none and onnxruntime cannot run the model ({reason[:300]}){hint}"
         ) from None
     shapes: Shapes = {}
     for name, value in zip(names, results):

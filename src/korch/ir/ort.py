@@ -18,11 +18,12 @@ from korch.ir import dtypes
 from korch.ir.graph import Node
 
 _MAX_IR_VERSION = 10
+ort.set_default_logger_severity(4)  # errors reach the user as korch's one-line errors, not as ONNX Runtime's logs
 
 
 def session(model: onnx.ModelProto | bytes | str, optimize: bool = True) -> ort.InferenceSession:
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: failures reach the user as korch's one-line errors
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if isinstance(model, onnx.ModelProto):
@@ -55,9 +56,11 @@ def _node_session(proto_bytes: bytes, input_types: tuple, output_names: tuple, i
 
 def run_node(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     """Run an OPAQUE primitive in ONNX Runtime (absent optional inputs are ``None``)."""
-    from korch.ir.to_onnx import decode_opaque
+    from korch.ir.to_onnx import captures, decode_opaque
 
-    names = [f"in{i}" if x is not None else "" for i, x in enumerate(inputs)]
+    captured = captures(node)
+    names = [f"in{i}" if x is not None else "" for i, x in enumerate(inputs[:len(inputs) - len(captured)])]
+    names += captured  # values the node's subgraphs read from the enclosing graph, by their own names
     outs = tuple(f"out{i}" for i in range(len(node.outputs)))
     proto = decode_opaque(node.replace(inputs=tuple(names), outputs=outs))
     types = tuple((n, (tuple(x.shape), x.dtype.name)) for n, x in zip(names, inputs) if x is not None)

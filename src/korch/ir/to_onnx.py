@@ -25,13 +25,41 @@ _GLOBAL_POOL = {Op.REDUCE_MEAN: "GlobalAveragePool", Op.REDUCE_MAX: "GlobalMaxPo
 
 
 def decode_opaque(node: Node) -> onnx.NodeProto:
-    """The ONNX node an OPAQUE primitive keeps, with its inputs and outputs renamed to the IR's."""
+    """The ONNX node an OPAQUE primitive keeps, with its inputs and outputs renamed to the IR's (its trailing
+    inputs that are values its subgraphs capture from the enclosing graph by name are not node inputs)."""
     proto = onnx.NodeProto.FromString(base64.b64decode(node.attrs["node"]))
     del proto.input[:]
     del proto.output[:]
-    proto.input.extend(node.inputs)
+    proto.input.extend(node.inputs[:len(node.inputs) - len(captures(node))])
     proto.output.extend(node.outputs)
     return proto
+
+
+def captures(node: Node) -> tuple[str, ...]:
+    """The enclosing graph's names an OPAQUE node's subgraphs read (its last ``len`` inputs carry them)."""
+    return tuple(node.attrs.get("captures", ()))
+
+
+def outer_scope_names(node: onnx.NodeProto) -> list[str]:
+    """Names the node's subgraphs (If branches, Loop and Scan bodies, nested ones included) read without
+    defining them: values of the enclosing graph, in first-use order."""
+    used: dict[str, None] = {}
+
+    def visit(graph: onnx.GraphProto, outer_defined: frozenset) -> None:
+        defined = set(outer_defined) | {v.name for v in graph.input} | {i.name for i in graph.initializer}
+        for inner in graph.node:
+            for name in inner.input:
+                if name and name not in defined:
+                    used.setdefault(name)
+            for attribute in inner.attribute:
+                for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    visit(sub, frozenset(defined))
+            defined.update(o for o in inner.output if o)
+
+    for attribute in node.attribute:
+        for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+            visit(sub, frozenset())
+    return list(used)
 
 
 def encode_opaque(proto: onnx.NodeProto) -> str:
@@ -61,6 +89,9 @@ class _Writer:
         a, op, out, name = node.attrs, node.op, node.outputs, node.name or node.outputs[0]
         x = node.inputs
         if op is Op.OPAQUE:
+            for value, name in zip(x[len(x) - len(captures(node)):], captures(node)):
+                if value != name:  # the subgraphs read the value by its name in the original model
+                    self.emit("Identity", [value], [name], f"{name}/capture")
             if a["domain"] not in ("", "ai.onnx"):
                 self.nodes.append(decode_opaque(node))
                 self.domains[a["domain"]] = a["opset"]

@@ -155,7 +155,7 @@ class Executable:
         if tuple(value.shape) != shape or got_dtype != dtype:
             raise KorchError(f"input {name!r}: got {'x'.join(map(str, value.shape)) or 'scalar'} {got_dtype}, "
                              f"expected {'x'.join(map(str, shape)) or 'scalar'} {dtype}")
-        tensor = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))
+        tensor = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value, order="C"))
         return tensor.to(self.device).contiguous()
 
 

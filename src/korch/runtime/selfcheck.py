@@ -78,6 +78,13 @@ def seeded_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int | 
     return ort.random_inputs(specs, config.seed if seed is None else seed)
 
 
+def given_at_build(executable) -> dict[str, np.ndarray]:
+    """The input values given with ``--input-value`` when ``executable`` was built (they may steer control
+    flow: runs and timings without the user's own values use them instead of random ones)."""
+    return {name: np.asarray(value, dtype=executable.input_specs[name][1])
+            for name, value in executable.manifest.get("input_values", {}).items()}
+
+
 def check_outputs(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray],
                   tolerance: float = FLOAT_TOLERANCE, spreads: Mapping[str, float] | None = None) -> ModelCheck:
     """Each output of ``actual`` against ``expected`` within ``tolerance``, widened per output to
@@ -87,7 +94,7 @@ def check_outputs(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.nd
         got = np.asarray(actual[name])
         spread = (spreads or {}).get(name)
         own = max(tolerance, SPREAD_FACTOR * spread) if spread is not None and np.isfinite(spread) else tolerance
-        result = compare(torch.from_numpy(np.ascontiguousarray(got)), np.asarray(want), name, own)
+        result = compare(torch.from_numpy(np.asarray(got, order="C")), np.asarray(want), name, own)
         scale = float(np.abs(want).max(initial=0.0)) if want.dtype.kind in "fc" and want.size else 0.0
         finite = np.isfinite(result.max_abs)
         max_rel = result.max_abs / scale if scale > 0 and finite else (result.max_abs if finite else float("inf"))
@@ -104,7 +111,7 @@ def reference(model, feeds: Mapping[str, np.ndarray], outputs) -> tuple[dict[str
     spreads = {}
     for name, want in expected.items():
         if want.dtype.kind == "f" and want.shape == plain[name].shape:
-            spreads[name] = compare(torch.from_numpy(np.ascontiguousarray(plain[name])), want, name).rel_norm
+            spreads[name] = compare(torch.from_numpy(np.asarray(plain[name], order="C")), want, name).rel_norm
     return expected, spreads
 
 

@@ -164,12 +164,13 @@ def test_a_constant_pad_fill_is_read_once_not_on_every_call():
     np.testing.assert_allclose(module(x)[0].numpy(), run_model(model, {"x": x.numpy()})["y"], rtol=1e-6)
 
 
-def test_an_embedding_lookup_runs_in_torch_inside_the_unit():
-    """Gather with runtime indices stays opaque in fission but runs as index_select, negative indices
-    counting from the end as ONNX says, so a text model can still be one unit."""
+def test_an_embedding_lookup_is_a_primitive_inside_the_unit():
+    """Gather with run-time indices is a GATHER primitive (negative indices counting from the end as ONNX
+    says), fused with what follows, so a text model is one unit with no opaque node."""
     import onnx
     from onnx import TensorProto, helper
 
+    from korch.ir.ops import Op
     from korch.ir.ort import run_model
 
     table = np.random.default_rng(0).standard_normal((10, 6)).astype(np.float32)
@@ -178,8 +179,10 @@ def test_an_embedding_lookup_runs_in_torch_inside_the_unit():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 3, 6))],
                               [onnx.numpy_helper.from_array(table, "table")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    with pytest.warns(UserWarning, match="Gather"):
-        result = optimize(model, target="cpu", cost="roofline")
+    result = optimize(model, target="cpu", cost="roofline")
+    assert not any(n.op is Op.OPAQUE for n in result.graph.nodes)
+    gather = next(n for n in result.graph.nodes if n.op is Op.GATHER)
+    assert any(gather.name in k.nodes and len(k.nodes) > 1 for k in result.plan.kernels)  # fused, not alone
     assert unit.supports(result.graph, "cpu") is None
     module = unit.PlanModule(result.graph, result.plan)
     ids = torch.tensor([[0, -1, 3], [9, -10, 2]])

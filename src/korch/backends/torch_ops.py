@@ -5,8 +5,9 @@ CPU tensors); here each primitive uses torch's own fast operator where one
 exists (slicing views, ``F.pad``, ``F.max_pool2d``, ``F.conv2d`` on cuDNN or
 oneDNN), and every index tensor is made once, at build time, on the kernel's
 device. Ops without an override here use the reference's implementation, which
-is device-agnostic for them. Opaque primitives run in ONNX Runtime on the CPU, but for
-a Gather with runtime indices (an embedding lookup), which runs as ``index_select``.
+is device-agnostic for them (a GATHER with run-time indices, an embedding
+lookup, is ``index_select``, which Inductor fuses as an indirect load). Opaque
+primitives run in ONNX Runtime on the CPU.
 """
 
 from __future__ import annotations
@@ -123,25 +124,6 @@ def _conv(node: Node) -> NodeFn:
     return lambda x, w: [fn(x, w, stride=a["strides"], padding=pads, dilation=a["dilations"], groups=a["group"])]
 
 
-def _opaque_gather(node: Node) -> NodeFn | None:
-    """ONNX Gather with runtime indices (an embedding lookup) in torch, or None for any other opaque node."""
-    from korch.ir.to_onnx import decode_opaque
-
-    if node.attrs.get("domain", "") not in ("", "ai.onnx"):
-        return None
-    proto = decode_opaque(node)
-    if proto.op_type != "Gather":
-        return None
-    axis = next((a.i for a in proto.attribute if a.name == "axis"), 0)
-
-    def run(x, indices):
-        dim = axis % x.dim()
-        indices = torch.where(indices < 0, indices + x.shape[dim], indices)  # ONNX: negative counts from the end
-        picked = torch.index_select(x, dim, indices.reshape(-1))
-        return [picked.reshape(*x.shape[:dim], *indices.shape, *x.shape[dim + 1:])]
-    return run
-
-
 # binary ops whose torch function takes a Python number as its second operand (the first for commutative ones)
 _SCALAR_OPERAND = {Op.ADD: torch.add, Op.MUL: torch.mul, Op.SUB: torch.sub,
                    Op.POW: lambda x, exponent: torch.pow(x, exponent).to(x.dtype),
@@ -174,14 +156,10 @@ def _scalar_operand(graph: Graph, node: Node) -> NodeFn | None:
 
 def runs_in_torch(node: Node) -> bool:
     """Whether ``node`` runs as torch operators (every primitive but opaque ones ONNX Runtime must run)."""
-    return node.op is not Op.OPAQUE or _opaque_gather(node) is not None
+    return node.op is not Op.OPAQUE
 
 
 def _opaque(node: Node) -> NodeFn:
-    gather = _opaque_gather(node)
-    if gather is not None:
-        return gather
-
     def run(*xs):
         device = next((x.device for x in xs if x is not None), torch.device("cpu"))
         outs = interpret.run_node(node, [None if x is None else x.cpu() for x in xs])

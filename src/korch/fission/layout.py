@@ -276,10 +276,17 @@ def _indices(b: Builder, name: str, dim) -> np.ndarray:
     return idx
 
 
-@fission_rule("Gather", since=1, const_inputs=(1,))
+@fission_rule("Gather", since=1)
 def Gather(b: Builder, x, indices, *, axis=0):
     axis = _axis(axis, b.rank(x))
-    return b.gather(x, _indices(b, indices, b.shape(x)[axis]), axis)
+    size = b.shape(x)[axis]
+    if b.value(indices) is not None:
+        return b.gather(x, _indices(b, indices, size), axis)
+    # indices computed at run time (an embedding lookup of input_ids): negatives count from the end, as in ONNX,
+    # so that the GATHER primitive always reads [0, size) and fuses with what follows
+    idx = b.cast(indices, "int64")
+    negative = b.emit(Op.LESS, idx, b.scalar(0, like=idx))
+    return b.emit(Op.GATHER, x, b.where(negative, b.add(idx, b.scalar(size, like=idx)), idx), axis=axis)
 
 
 def _flat(b: Builder, x: str, leading: int) -> str:

@@ -51,8 +51,9 @@ one start and non-zero step per axis; the output shape says how many.
 (begins then ends, non-negative), ``mode`` constant (fill with ``value``, a
 0-d constant input or 0), reflect (mirror without the edge), edge (repeat the
 edge), wrap (periodic).
-``GATHER(x, indices; axis)``: ``indices`` is an int64 *constant* tensor with
-values in [0, x.shape[axis]); out.shape = x.shape[:axis] + indices.shape +
+``GATHER(x, indices; axis)``: ``indices`` is an int64 tensor (a constant, or
+computed at run time: an embedding lookup) with values in [0, x.shape[axis]);
+out.shape = x.shape[:axis] + indices.shape +
 x.shape[axis+1:], out[.., j.., ..] = x[.., indices[j..], ..].
 ``BROADCAST(x; shape)``: numpy-broadcast ``x`` to ``shape`` (ONNX Expand with
 a static result shape).

@@ -28,8 +28,7 @@ Freezing's own rewrites (a convolution and its activation into one oneDNN
 call) may join a convolution with the pointwise kernel after it; that is the
 one place the unit runs fewer kernels than planned.
 
-Opaque primitives that run in ONNX Runtime (all but an embedding lookup's
-Gather, which runs as ``index_select``) and GPU targets (korch's Triton
+Opaque primitives (they run in ONNX Runtime) and GPU targets (korch's Triton
 kernels, CUDA graphs) keep the kernel-by-kernel executable.
 """
 

@@ -198,6 +198,61 @@ _ENTRIES = (
         hf.whisper_encoder,
         {"input_features": "normal"},
     ),
+    _Entry(
+        ZooModel(
+            "hf_t5_encoder",
+            f"transformers T5EncoderModel: d_model 256, 4 layers, 4 heads, ReLU FFN 1024, vocab {hf.VOCAB}, "
+            f"{hf.SEQUENCE} tokens, relative position buckets, last hidden state (Raffel et al. 2020)",
+            {"input_ids": (1, hf.SEQUENCE)},
+            None,
+        ),
+        hf.t5_encoder,
+        _TOKENS,
+    ),
+    _Entry(
+        ZooModel(
+            "hf_distilbert",
+            f"transformers DistilBertModel: dim 256, 4 layers, 4 heads, FFN 1024, vocab {hf.VOCAB}, "
+            f"{hf.SEQUENCE} tokens, last hidden state (Sanh et al. 2019)",
+            {"input_ids": (1, hf.SEQUENCE)},
+            None,
+        ),
+        hf.distilbert,
+        _TOKENS,
+    ),
+    _Entry(
+        ZooModel(
+            "hf_phi",
+            f"transformers PhiModel: hidden 256, 4 layers, 4 heads, partial rotary, GELU MLP 1024, "
+            f"vocab {hf.VOCAB}, {hf.SEQUENCE} tokens, no cache, last hidden state (Li et al. 2023)",
+            {"input_ids": (1, hf.SEQUENCE)},
+            None,
+        ),
+        hf.phi,
+        _TOKENS,
+    ),
+    _Entry(
+        ZooModel(
+            "hf_convnext",
+            "transformers ConvNextModel, ConvNeXt-atto widths, 1-1-2-1 blocks: 224x224 image, 7x7 depthwise "
+            "convolutions, last feature map (Liu et al. 2022)",
+            {"pixel_values": (1, 3, hf.IMAGE_SIDE, hf.IMAGE_SIDE)},
+            None,
+        ),
+        hf.convnext,
+        {"pixel_values": "normal"},
+    ),
+    _Entry(
+        ZooModel(
+            "hf_resnet",
+            "transformers ResNetModel, ResNet-18 widths, one basic block per stage: 224x224 image, "
+            "last feature map (He et al. 2016)",
+            {"pixel_values": (1, 3, hf.IMAGE_SIDE, hf.IMAGE_SIDE)},
+            None,
+        ),
+        hf.resnet,
+        {"pixel_values": "normal"},
+    ),
 )
 
 _REGISTRY = {entry.model.name: entry for entry in _ENTRIES}

@@ -4,8 +4,9 @@ Owns the zoo's ``hf_*`` models: for each, the ``transformers`` config (its
 size), the model built from that config, and a thin wrapper whose forward
 takes plain tensors and returns the last hidden state as one tensor. The
 sizes are those of small published checkpoints (BERT-mini, ViT-S/16,
-Whisper-tiny's encoder) cut to a few layers, big enough that their GEMMs
-matter, small enough to optimize in seconds.
+Whisper-tiny's encoder, ConvNeXt-atto, ResNet-18's widths) cut to a few
+layers, big enough that their GEMMs and convolutions matter, small enough to
+optimize in seconds.
 
 No checkpoint is downloaded: every model is built from its config, weights
 from ``transformers``' own initialization under the zoo's seeded torch RNG.
@@ -24,8 +25,8 @@ from torch import nn
 
 from korch.errors import KorchError
 
-__all__ = ["IMAGE_SIDE", "MEL_BINS", "PATCH", "SEQUENCE", "VOCAB", "bert", "gpt2", "llama", "vit",
-           "whisper_encoder"]
+__all__ = ["IMAGE_SIDE", "MEL_BINS", "PATCH", "SEQUENCE", "VOCAB", "bert", "convnext", "distilbert", "gpt2",
+           "llama", "phi", "resnet", "t5_encoder", "vit", "whisper_encoder"]
 
 # Tokens of the text models' input and of the Whisper encoder's output.
 SEQUENCE = 128
@@ -64,29 +65,29 @@ class LastHiddenState(nn.Module):
         return self.model(**{self.input_name: x}).last_hidden_state
 
 
+def _text_model(architecture: str, model_options: dict | None = None, **sizes) -> nn.Module:
+    """``transformers``' ``{architecture}Model`` over token ids, from ``{architecture}Config(**sizes)``."""
+    t = _transformers()
+    config = getattr(t, f"{architecture}Config")(vocab_size=VOCAB, **sizes, **_common())
+    return LastHiddenState(getattr(t, f"{architecture}Model")(config, **(model_options or {})), "input_ids")
+
+
 def bert() -> nn.Module:
     """BertModel, BERT-mini size: hidden 256, 4 layers, 4 heads, FFN 1024, vocab 8192."""
-    t = _transformers()
-    config = t.BertConfig(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                          intermediate_size=1024, max_position_embeddings=512, **_common())
-    return LastHiddenState(t.BertModel(config, add_pooling_layer=False), "input_ids")
+    return _text_model("Bert", {"add_pooling_layer": False}, hidden_size=256, num_hidden_layers=4,
+                       num_attention_heads=4, intermediate_size=1024, max_position_embeddings=512)
 
 
 def gpt2() -> nn.Module:
     """GPT2Model: hidden 256, 4 layers, 4 heads, FFN 1024, vocab 8192, 1024 positions."""
-    t = _transformers()
-    config = t.GPT2Config(vocab_size=VOCAB, n_embd=256, n_layer=4, n_head=4, n_inner=1024,
-                          n_positions=1024, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1, **_common())
-    return LastHiddenState(t.GPT2Model(config), "input_ids")
+    return _text_model("GPT2", n_embd=256, n_layer=4, n_head=4, n_inner=1024, n_positions=1024,
+                       bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
 
 
 def llama() -> nn.Module:
     """LlamaModel: hidden 256, 4 layers, 4 query heads over 2 key/value heads, SwiGLU 1024, vocab 8192."""
-    t = _transformers()
-    config = t.LlamaConfig(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                           num_key_value_heads=2, intermediate_size=1024, max_position_embeddings=2048,
-                           **_common())
-    return LastHiddenState(t.LlamaModel(config), "input_ids")
+    return _text_model("Llama", hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=1024, max_position_embeddings=2048)
 
 
 def vit() -> nn.Module:
@@ -110,3 +111,40 @@ def whisper_encoder() -> nn.Module:
                              max_target_positions=SEQUENCE, pad_token_id=VOCAB - 1, bos_token_id=VOCAB - 1,
                              eos_token_id=VOCAB - 1, decoder_start_token_id=VOCAB - 2, **_common())
     return LastHiddenState(t.WhisperModel(config).get_encoder(), "input_features")
+
+
+def t5_encoder() -> nn.Module:
+    """T5EncoderModel: d_model 256, 4 layers, 4 heads of 64, ReLU FFN 1024, relative position buckets, vocab 8192."""
+    t = _transformers()
+    config = t.T5Config(vocab_size=VOCAB, d_model=256, d_kv=64, d_ff=1024, num_layers=4, num_heads=4,
+                        feed_forward_proj="relu", is_encoder_decoder=False, **_common())
+    return LastHiddenState(t.T5EncoderModel(config), "input_ids")
+
+
+def distilbert() -> nn.Module:
+    """DistilBertModel: dim 256, 4 layers, 4 heads, FFN 1024, learned positions, vocab 8192."""
+    return _text_model("DistilBert", dim=256, n_layers=4, n_heads=4, hidden_dim=1024, max_position_embeddings=512)
+
+
+def phi() -> nn.Module:
+    """PhiModel: hidden 256, 4 layers, 4 heads, rotary on half of each head, GELU MLP 1024, vocab 8192."""
+    return _text_model("Phi", hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
+                       partial_rotary_factor=0.5, max_position_embeddings=2048)
+
+
+def convnext() -> nn.Module:
+    """ConvNextModel, ConvNeXt-atto widths (40-320) with one block per stage: 7x7 depthwise convolutions,
+    channels-last LayerNorm, GELU MLPs; 224x224 image, the last stage's feature map."""
+    t = _transformers()
+    config = t.ConvNextConfig(num_channels=3, hidden_sizes=[40, 80, 160, 320], depths=[1, 1, 2, 1],
+                              image_size=IMAGE_SIDE, **_common())
+    return LastHiddenState(t.ConvNextModel(config), "pixel_values")
+
+
+def resnet() -> nn.Module:
+    """ResNetModel, ResNet-18 widths (64-512) with one basic block per stage; 224x224 image, the last
+    stage's feature map."""
+    t = _transformers()
+    config = t.ResNetConfig(num_channels=3, embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[1, 1, 1, 1],
+                            layer_type="basic", **_common())
+    return LastHiddenState(t.ResNetModel(config), "pixel_values")

@@ -14,20 +14,8 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from korch.cli_inputs import input_shapes, input_values, read_arrays, read_npz
 from korch.errors import KorchError
-
-
-def _input_shapes(args) -> dict[str, tuple[int, ...] | int]:
-    """``--input-shape`` (input name -> dims) and ``--dim`` (dimension name -> size) as one mapping."""
-    from korch.frontend.inputs import parse_dim, parse_input_shape
-
-    return {**dict(parse_input_shape(s) for s in args.input_shape or ()), **dict(parse_dim(s) for s in args.dim or ())}
-
-
-def _input_values(args) -> dict:
-    from korch.frontend.inputs import parse_input_value
-
-    return dict(parse_input_value(s) for s in getattr(args, "input_value", None) or ())
 
 
 def _load(args):
@@ -35,7 +23,7 @@ def _load(args):
 
     from korch.pipeline import load_model, resolve_model
 
-    imported, graph, report = load_model(args.model, _input_shapes(args), _input_values(args))
+    imported, graph, report = load_model(args.model, input_shapes(args), input_values(args))
     # the operator histogram is of the model as given, before folding (zoo exports are cached: no re-export)
     source = onnx.load(str(resolve_model(args.model)), load_external_data=False)
     return source, imported, graph, report
@@ -121,12 +109,12 @@ def cmd_optimize(args) -> int:
         task = progress.add_task("starting", total=None)
         result = optimize(
             args.model, output=args.output, target=args.target, cost=args.cost, db=args.db, jobs=args.jobs,
-            input_shapes=_input_shapes(args), time_limit=args.time_limit, cut_points=args.cut_points,
+            input_shapes=input_shapes(args), time_limit=args.time_limit, cut_points=args.cut_points,
             max_kernel_nodes=args.max_kernel_nodes, plan_only=args.plan_only,
             compiled_unit=False if args.kernel_by_kernel else None, progress=_callbacks(progress, task),
             precision=args.precision, cuda_graph=False if args.no_cuda_graph else None,
-            tolerance=args.tolerance, check_inputs=_read_npz(args.check_inputs, "--check-inputs"),
-            input_values=_input_values(args))
+            tolerance=args.tolerance, check_inputs=read_npz(args.check_inputs, "--check-inputs"),
+            input_values=input_values(args))
     out = args.output
     plan = result.plan
     optimal = all(s.optimal for s in plan.segments)
@@ -156,38 +144,6 @@ def cmd_optimize(args) -> int:
     return 0
 
 
-def _read_inputs(specs: Sequence[str] | None) -> dict:
-    import numpy as np
-
-    feeds = {}
-    for spec in specs or ():
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise KorchError(f"--input wants NAME=FILE.npy, got {spec!r}")
-        try:
-            feeds[name] = np.load(path, allow_pickle=False)
-        except FileNotFoundError:
-            raise KorchError(f"--input {name}: no such file {path}") from None
-        except (OSError, ValueError) as exc:
-            raise KorchError(f"--input {name}: {path} is not a .npy array ({exc})") from None
-    return feeds
-
-
-def _read_npz(path: Path | None, flag: str) -> dict | None:
-    """The arrays of an ``.npz`` file by name (None without a path)."""
-    import numpy as np
-
-    if path is None:
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
-    except FileNotFoundError:
-        raise KorchError(f"{flag}: no such file {path}") from None
-    except (OSError, ValueError) as exc:
-        raise KorchError(f"{flag}: {path} is not an .npz archive of arrays ({exc})") from None
-
-
 def cmd_run(args) -> int:
     import time
 
@@ -198,7 +154,7 @@ def cmd_run(args) -> int:
     from korch.runtime.selfcheck import check_outputs, given_at_build, reference, seeded_inputs
 
     executable = load(args.outdir, target=args.target, allow_unchecked=args.allow_unchecked)
-    feeds = {**(_read_npz(args.inputs, "--inputs") or {}), **_read_inputs(args.input)}
+    feeds = {**(read_npz(args.inputs, "--inputs") or {}), **read_arrays(args.input)}
     unknown = [n for n in feeds if n not in executable.input_specs]
     if unknown:
         raise KorchError(f"unknown input(s) {', '.join(unknown)}; the executable takes {executable.describe_inputs()}")
@@ -258,7 +214,7 @@ def cmd_bench(args) -> int:
             name = Path(args.model).stem.removeprefix("zoo:")
             outdir = Path(config.cache_dir) / "bench" / f"{name}-{args.target or 'auto'}-{args.cost}"
         optimized = optimize(args.model, output=outdir, target=args.target, cost=args.cost, db=args.db,
-                             jobs=args.jobs, input_shapes=_input_shapes(args), input_values=_input_values(args),
+                             jobs=args.jobs, input_shapes=input_shapes(args), input_values=input_values(args),
                              progress=_callbacks(progress, task), precision=args.precision,
                              cuda_graph=False if args.no_cuda_graph else None)
         if optimized.executable is None:
@@ -353,7 +309,7 @@ def _db_check(args) -> int:
     from korch.pipeline import detect_target
 
     result = check_floors(args.model, target=args.target or detect_target(), db=args.db,
-                          input_shapes=_input_shapes(args))
+                          input_shapes=input_shapes(args))
     console = Console()
     console.print(f"{result.records} measured kernels of {result.signatures} distinct candidate kernels "
                   f"({result.candidates} candidates) on {result.device}: "

@@ -223,7 +223,10 @@ def test_cpu_bound_of_a_large_add_is_below_the_probes_own_streaming_time(cpu):
     assert (work.bytes_read, work.bytes_written, work.vector_flops) == (8 * n, 4 * n, n)
     spill = max(0, 8 * n - device.cache_bytes) + max(0, 4 * n - device.cache_bytes)
     bound = lower_bound(device, work)
-    assert bound == pytest.approx(device.launch_overhead + max(spill / device.memory_bandwidth, n / device.vector_flops))
+    # every byte through the cache, the bytes past it through memory, the adds at the vector peak: whichever the
+    # probed host makes the largest (a noisy host can measure its cache slower than its memory)
+    floors = (12 * n / device.cache_bandwidth, spill / device.memory_bandwidth, n / device.vector_peak("float32"))
+    assert bound == pytest.approx(device.launch_overhead + max(floors))
     assert bound < device.launch_overhead + 12 * n / record["measured"]["memory_bandwidth"]
 
 

@@ -20,7 +20,7 @@ def input_shapes(args) -> dict[str, tuple[int, ...] | int]:
 def input_values(args) -> dict:
     from korch.frontend.inputs import parse_input_value
 
-    return dict(parse_input_value(s) for s in getattr(args, "input_value", None) or ())
+    return dict(parse_input_value(s) for s in args.input_value or ())
 
 
 def read_arrays(specs: Sequence[str] | None) -> dict:

@@ -44,9 +44,10 @@ class _Gemm:
     (``InferenceSession.io_binding``) costs 20 us more per call than the 8 us this path takes."""
 
     def __init__(self, weight: torch.Tensor):
-        import onnxruntime
         from onnx import TensorProto, helper, numpy_helper
         from onnxruntime.capi import _pybind_state
+
+        from korch.ir import ort
 
         k, n = weight.shape
         graph = helper.make_graph(
@@ -55,12 +56,7 @@ class _Gemm:
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
             [numpy_helper.from_array(weight.detach().cpu().numpy(), "w")])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-        options = onnxruntime.SessionOptions()
-        options.log_severity_level = 4
-        options.intra_op_num_threads = torch.get_num_threads()
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = onnxruntime.InferenceSession(model.SerializeToString(), options,
-                                                    providers=["CPUExecutionProvider"])
+        self.session = ort.session(model, threads=torch.get_num_threads(), spinning=False)
         self.shape = (k, n)
         self._binding = _pybind_state.SessionIOBinding(self.session._sess)
         self._cpu = _pybind_state.OrtDevice(_pybind_state.OrtDevice.cpu(), _pybind_state.OrtDevice.default_memory(), 0)
@@ -97,13 +93,6 @@ _LIBRARY.define("ort_matmul(Tensor x, Tensor w, int unit, int slot) -> Tensor")
 _LIBRARY.impl("ort_matmul", _matmul, "CPU")
 torch.library.register_fake("korch::ort_matmul", lambda x, w, unit, slot: x.new_empty(*x.shape[:-1], w.shape[1]),
                             lib=_LIBRARY)
-
-
-def forget(unit: int) -> None:
-    """Close the sessions of a unit no longer loaded."""
-    with _LOCK:
-        for key in [k for k in _SESSIONS if k[0] == unit]:
-            del _SESSIONS[key]
 
 
 def node_function(unit: int, slot: int):

@@ -138,7 +138,7 @@ def probe_with_ort(model: ModelProto, names: list[str], values: Mapping[str, np.
     restored afterwards. Raises KorchError naming the first tensor when
     onnxruntime cannot run the model.
     """
-    import onnxruntime as ort
+    from korch.ir.ort import session as ort_session
 
     graph = model.graph
     n_outputs = len(graph.output)
@@ -150,12 +150,9 @@ def probe_with_ort(model: ModelProto, names: list[str], values: Mapping[str, np.
     finally:
         del graph.output[n_outputs:]
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 4  # fatal only: failures reach the user as korch's one-line errors
     rng = np.random.default_rng(config.seed)
     try:
-        session = ort.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
+        session = ort_session(serialized, optimize=False)
         feeds = {value.name: _random_input(value, rng) for value in graph.input}
         feeds.update(values or {})
         wanted = [name for name in names]

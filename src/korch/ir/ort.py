@@ -21,11 +21,18 @@ _MAX_IR_VERSION = 10
 ort.set_default_logger_severity(4)  # errors reach the user as korch's one-line errors, not as ONNX Runtime's logs
 
 
-def session(model: onnx.ModelProto | bytes | str, optimize: bool = True) -> ort.InferenceSession:
+def session(model: onnx.ModelProto | bytes | str, optimize: bool = True, *, threads: int | None = None,
+            spinning: bool = True) -> ort.InferenceSession:
+    """A CPU session of ``model``; ``threads`` (default ONNX Runtime's) of which none spins between runs
+    unless ``spinning``."""
     options = ort.SessionOptions()
     options.log_severity_level = 4  # fatal only: failures reach the user as korch's one-line errors
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if isinstance(model, onnx.ModelProto):
         if model.ir_version > _MAX_IR_VERSION:
             # onnx writes newer IR versions than ONNX Runtime reads; korch's models use nothing past 10

@@ -21,7 +21,8 @@ LAYERS = [
     {"korch.backends"},
     {"korch.runtime"},
     {"korch.report"},
-    {"korch", "korch.__main__", "korch.api", "korch.bench", "korch.cli", "korch.cli_inputs", "korch.dbcheck", "korch.pipeline"},
+    {"korch", "korch.__main__", "korch.api", "korch.bench", "korch.cli", "korch.cli_inputs", "korch.cli_run",
+     "korch.dynamic", "korch.dbcheck", "korch.pipeline"},
 ]
 
 

@@ -45,7 +45,7 @@ def optimize(model, example_inputs=None, *, target: str | None = None, cost: str
              db: str | os.PathLike | None = None, output: str | os.PathLike | None = None,
              input_shapes: Mapping[str, Sequence[int] | int] | None = None, jobs: int | None = None,
              time_limit: float | None = None, precision: str | None = None, tolerance: float | None = None,
-             check_inputs=None):
+             check_inputs=None, dynamic: Mapping[str, tuple[int, int]] | None = None):
     """Optimize ``model`` and return its executable, loaded and checked against ONNX Runtime.
 
     ``model``: an ONNX path, ``"zoo:NAME"``, an ``onnx.ModelProto`` or a torch
@@ -59,6 +59,8 @@ def optimize(model, example_inputs=None, *, target: str | None = None, cost: str
     ``precision``: "fp32" (default) or "tf32", how a GPU computes float32 products.
     ``check_inputs`` (input name -> array) and ``tolerance`` (relative norm): the check against ONNX Runtime
     runs on these inputs (others seeded random), within this tolerance or the reference's own spread.
+    ``dynamic``: one dimension's name -> (low, high), such as ``{"seq": (1, 512)}``: one executable serving
+    every size in the range (``korch/dynamic.py``; CPU targets).
     """
     target = target or detect_target()
     with tempfile.TemporaryDirectory(prefix="korch-export-") as workdir:
@@ -67,12 +69,29 @@ def optimize(model, example_inputs=None, *, target: str | None = None, cost: str
             digest = hashlib.sha256(model_bytes(reference)).hexdigest()[:12]
             output = _default_output(reference if not isinstance(reference, onnx.ModelProto) else "model")
             output = output.with_name(f"{output.name}-{digest}-{target}" + (f"-{precision}" if precision else ""))
+        if dynamic:
+            return _optimize_dynamic(reference, dynamic, output=output, target=target, cost=cost, db=db, jobs=jobs,
+                                     input_shapes=input_shapes, time_limit=time_limit, precision=precision,
+                                     tolerance=tolerance, check_inputs=check_inputs)
         result = run_pipeline(reference, output=output, target=target, cost=cost, db=db, jobs=jobs,
                               input_shapes=input_shapes, time_limit=time_limit, precision=precision,
                               tolerance=tolerance, check_inputs=check_inputs)
     if result.executable is None:
         raise KorchError(f"no {target} device here to run the executable on")
     return result.executable
+
+
+def _optimize_dynamic(reference, dynamic: Mapping[str, tuple[int, int]], *, check_inputs, **options):
+    from korch.dynamic import optimize_dynamic
+
+    if len(dynamic) != 1:
+        raise KorchError(f"dynamic names one dimension and its range, such as {{'seq': (1, 512)}}; got {dynamic!r}")
+    if check_inputs is not None:
+        raise KorchError("check_inputs does not apply with dynamic: each unit is checked at its range's ends")
+    (name, (low, high)), = dynamic.items()
+    if not 1 <= low < high:
+        raise KorchError(f"dynamic {name}: the range must be 1 <= low < high, got {low}..{high}")
+    return optimize_dynamic(reference, (name, int(low), int(high)), **options).executable
 
 
 def load(outdir: str | os.PathLike, device: str | None = None, target: str | None = None,

@@ -14,7 +14,8 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from korch.cli_inputs import input_shapes, input_values, read_arrays, read_npz
+from korch.cli_inputs import input_shapes, input_values, read_npz
+from korch.cli_run import cmd_run
 from korch.errors import KorchError
 
 
@@ -105,6 +106,8 @@ def _callbacks(progress, task):
 def cmd_optimize(args) -> int:
     from korch.pipeline import optimize
 
+    if args.dynamic:
+        return _optimize_dynamic(args)
     with _progress(args.quiet) as progress:
         task = progress.add_task("starting", total=None)
         result = optimize(
@@ -142,62 +145,6 @@ def cmd_optimize(args) -> int:
           f"{result.executable.check.summary()}")
     print(f"wrote {out} (model.py, weights, manifest.json, report.md, report.html); run it with: korch run {out}")
     return 0
-
-
-def cmd_run(args) -> int:
-    import time
-
-    import numpy as np
-    import onnx
-
-    from korch.api import load
-    from korch.runtime.selfcheck import check_outputs, given_at_build, reference, seeded_inputs
-
-    executable = load(args.outdir, target=args.target, allow_unchecked=args.allow_unchecked)
-    feeds = {**(read_npz(args.inputs, "--inputs") or {}), **read_arrays(args.input)}
-    unknown = [n for n in feeds if n not in executable.input_specs]
-    if unknown:
-        raise KorchError(f"unknown input(s) {', '.join(unknown)}; the executable takes {executable.describe_inputs()}")
-    built_with = {n: v for n, v in given_at_build(executable).items() if n not in feeds}
-    if built_with:
-        feeds.update(built_with)
-        print(f"input(s) given with --input-value when built: {', '.join(built_with)}")
-    random = [n for n in executable.input_names if n not in feeds]
-    if random:
-        feeds.update({n: v for n, v in seeded_inputs(executable.input_specs).items() if n in random})
-        print(f"seeded random input(s): {', '.join(random)}")
-    start = time.perf_counter()
-    outputs = executable.run(feeds)
-    print(f"ran {len(executable.kernels)} kernels on {executable.device} in {(time.perf_counter() - start) * 1e3:.1f} ms "
-          "(first call)")
-    for name, value in outputs.items():
-        stats = f"mean {float(np.mean(value)):.6g}, max |x| {float(np.abs(value).max(initial=0)):.6g}" \
-            if value.size and value.dtype.kind in "fiub" else ""
-        print(f"  {name}: {'x'.join(map(str, value.shape))} {value.dtype} {stats}")
-    if args.save_outputs:
-        import io
-
-        from korch.fsutil import atomic_write_bytes
-
-        for name, value in outputs.items():
-            buffer = io.BytesIO()
-            np.save(buffer, value)
-            atomic_write_bytes(Path(args.save_outputs) / f"{name.replace('/', '_')}.npy", buffer.getvalue())
-        print(f"wrote the outputs to {args.save_outputs}")
-    if not args.check:
-        return 0
-    from korch.runtime.bundle import verified_path
-
-    model = onnx.load(str(verified_path(args.outdir, "reference.onnx", executable.manifest)))
-    expected, spreads = reference(model, feeds, executable.output_names)
-    tolerance = executable.precision.model_tolerance if args.tolerance is None else args.tolerance
-    check = check_outputs(outputs, expected, tolerance, spreads)
-    for o in check.outputs:
-        widened = f" (within {o.tolerance:.3g}, twice ONNX Runtime's own spread)" if o.tolerance else ""
-        print(f"  {o.name}: max abs error {o.max_abs:.3g}, max rel error {o.max_rel:.3g}, "
-              f"relative norm {o.rel_norm:.3g}{widened} {'ok' if o.ok else 'MISMATCH'}")
-    print(check.summary())
-    return 0 if check.ok else 1
 
 
 def cmd_bench(args) -> int:
@@ -301,6 +248,34 @@ def cmd_db(args) -> int:
     return 0
 
 
+def _optimize_dynamic(args) -> int:
+    from korch.dynamic import optimize_dynamic
+    from korch.frontend.inputs import parse_dynamic
+
+    dynamic = parse_dynamic(args.dynamic)
+    refused = [flag for flag, given in (("--plan-only", args.plan_only), ("--kernel-by-kernel", args.kernel_by_kernel),
+                                        ("--check-inputs", args.check_inputs)) if given]
+    if refused:
+        raise KorchError(f"--dynamic builds and checks one compiled unit per range of sizes: {refused[0]} does not "
+                         "apply to it")
+    with _progress(args.quiet) as progress:
+        task = progress.add_task("starting", total=None)
+        result = optimize_dynamic(
+            args.model, dynamic, output=args.output, target=args.target, input_shapes=input_shapes(args),
+            input_values=input_values(args), tolerance=args.tolerance, progress=_callbacks(progress, task),
+            cost=args.cost, db=args.db, jobs=args.jobs, time_limit=args.time_limit, cut_points=args.cut_points,
+            max_kernel_nodes=args.max_kernel_nodes, precision=args.precision)
+    dim, low, high = dynamic
+    for bucket in result.manifest["buckets"]:
+        ends = " and ".join(sorted({str(bucket["low"]), str(bucket["high"])}, key=int))
+        print(f"{dim}={bucket['low']}..{bucket['high']}: {bucket['kernels']} kernels, predicted "
+              f"{bucket['predicted_ms']:.3f} ms at {dim}={bucket['high']}, max rel error "
+              f"{bucket['check']['max_rel']:.3g} at {dim}={ends}")
+    print(f"wrote {args.output}: one executable for {dim}={low}..{high} in {len(result.manifest['buckets'])} "
+          f"compiled units, each matching ONNX Runtime; run it with: korch run {args.output} --dim {dim}=SIZE")
+    return 0
+
+
 def _db_check(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -386,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on a CPU, run the kernels one call at a time instead of compiling the plan into one unit")
     p.add_argument("--check-inputs", type=Path, metavar="FILE.npz",
                    help="inputs (by name) for the check against ONNX Runtime; others are seeded random")
+    p.add_argument("--dynamic", metavar="NAME=LOW..HIGH",
+                   help="one executable serving every size of the input dimension NAME from LOW to HIGH "
+                        "(a compiled unit per power-of-two bucket; CPU targets), such as seq=1..512")
     tolerance_arg(p)
     p.set_defaults(run=cmd_optimize)
 
@@ -394,6 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="an input array (repeatable); inputs not given are seeded random")
     p.add_argument("--inputs", type=Path, metavar="FILE.npz", help="input arrays by name, in one .npz file")
+    p.add_argument("--dim", action="append", metavar="NAME=SIZE",
+                   help="for an executable built with --dynamic: the size to run (and check) at")
     p.add_argument("--check", action="store_true",
                    help="compare with ONNX Runtime on the original model; exit 1 on a mismatch")
     tolerance_arg(p)

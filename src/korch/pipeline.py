@@ -172,8 +172,8 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
                                   db=ProfileDB(str(db) if db else None), jobs=jobs, on_kernel=progress.on_kernel)
     try:
         with stage("measure and solve" if measurer else "solve"):
-            kernels, reports = solve_segments(graph, candidates, segments, bounds, time_limit, progress.on_segment,
-                                              measurer)
+            kernels, segment_reports = solve_segments(graph, candidates, segments, bounds, time_limit,
+                                                      progress.on_segment, measurer)
     finally:
         if measurer is not None:
             measurer.close()
@@ -182,7 +182,7 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
     if measurer is not None:
         stats["measurement"] = measurement_stats(measurer)
     plan = Plan(model=graph.name, target=device.name, cost_model=cost, kernels=tuple(kernels),
-                segments=tuple(reports), stats=stats)
+                segments=tuple(segment_reports), stats=stats)
     result = Optimized(graph=graph, plan=plan, stage_seconds=stage.seconds, candidates=len(candidates.candidates),
                        rejected=dict(candidates.rejected), reference=reference)
     if output is None:
@@ -191,7 +191,7 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
         from korch.runtime.write import write_plan
 
         with stage("write"):
-            write_plan(output, plan, _reports(result, None))
+            write_plan(output, plan, reports(result, None))
         return result
     return _build_check_write(result, target, device_for(target), Path(output), stage, progress,
                               config.compiled_unit if compiled_unit is None else compiled_unit, check)
@@ -252,7 +252,7 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
         assembled.manifest["input_values"] = {name: value.tolist() for name, value in how.values.items()}
     assembled.executable.check = check
     with stage("write"):
-        write_executable(output, assembled, _reports(result, assembled.manifest))
+        write_executable(output, assembled, reports(result, assembled.manifest))
     if not check.ok:
         raise CheckFailed(f"the executable in {output} {check.summary()}; see {output / 'report.md'}; it is kept, "
                           f"marked as failing its check: korch run {output} --allow-unchecked runs it")
@@ -260,7 +260,8 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
     return result
 
 
-def _reports(result: Optimized, manifest: dict | None) -> dict[str, bytes]:
+def reports(result: Optimized, manifest: dict | None) -> dict[str, bytes]:
+    """report.md and report.html of a plan (and of its executable, given its manifest)."""
     from korch.report.html_page import render_html
     from korch.report.markdown import render_markdown
 

@@ -39,6 +39,16 @@ def parse_dim(spec: str) -> tuple[str, int]:
     return name.strip(), int(size)
 
 
+def parse_dynamic(spec: str) -> tuple[str, int, int]:
+    """``"seq=1..512"`` -> ``("seq", 1, 512)``: a dimension and the range of sizes one executable serves."""
+    name, sep, span = spec.strip().rpartition("=")
+    low, dots, high = span.strip().partition("..")
+    if (not sep or not name.strip() or not dots or not low.strip().isdigit() or not high.strip().isdigit()
+            or not 1 <= int(low) < int(high)):
+        raise KorchError(f"bad --dynamic '{spec}': expected NAME=LOW..HIGH with 1 <= LOW < HIGH, such as seq=1..512")
+    return name.strip(), int(low), int(high)
+
+
 def parse_input_value(spec: str) -> tuple[str, np.ndarray]:
     """``"sr=16000"`` -> ``("sr", array(16000.))``; ``"ids=1,2,3"`` -> a 1-D array (cast to the input's type
     by ``check_input_values``)."""
@@ -130,8 +140,8 @@ def _set_named_dims(graph: GraphProto, sizes: Mapping[str, int]) -> None:
     names = sorted({d.dim_param for d in dims if d.dim_param})
     for name, size in sizes.items():
         if name not in names:
-            raise KorchError(f"--dim names '{name}', which no input dimension is called "
-                             f"(named dimensions: {', '.join(names) or 'none'})")
+            raise KorchError(f"no input dimension is called '{name}' (--dim, --dynamic; the model's named "
+                             f"dimensions: {', '.join(names) or 'none'})")
         if size < 1:
             raise KorchError(f"--dim {name}: the size must be >= 1, got {size}")
     for d in dims:

@@ -2,7 +2,7 @@
 
 ``export_module`` is the one way korch turns a module into ONNX: the zoo's
 cached exports and ``korch.optimize(module, example_inputs)`` both use it.
-Shapes are static (those of the example inputs), weights embedded, the
+Shapes are static (those of the example inputs) unless dynamic ones are asked for, weights embedded, the
 exporter's default opset. The file is written whole or not at all.
 """
 
@@ -47,8 +47,10 @@ def output_names(count: int) -> list[str]:
 
 def export_module(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor,
                   path: str | os.PathLike, *, input_names: Sequence[str] | None = None,
-                  num_outputs: int | None = None) -> Path:
-    """Export ``module`` called on ``example_inputs`` to the ONNX file ``path`` (returned)."""
+                  num_outputs: int | None = None, dynamic_shapes=None) -> Path:
+    """Export ``module`` called on ``example_inputs`` to the ONNX file ``path`` (returned); with
+    ``dynamic_shapes`` (``torch.export``'s spec, ``torch.export.Dim`` by axis) those dimensions stay symbolic,
+    named as their ``Dim``s."""
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else ()
@@ -67,7 +69,8 @@ def export_module(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
             torch.onnx.export(module, example_inputs, tmp, dynamo=True,
                               input_names=list(input_names or [f"input_{i}" if len(example_inputs) > 1 else "input"
                                                                for i in range(len(example_inputs))]),
-                              output_names=output_names(num_outputs), external_data=False, verbose=False)
+                              output_names=output_names(num_outputs), external_data=False, verbose=False,
+                              dynamic_shapes=dynamic_shapes)
         os.chmod(tmp, 0o644)  # mkstemp made it private
         os.replace(tmp, path)
     except KorchError:

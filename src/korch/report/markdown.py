@@ -114,3 +114,25 @@ def render_markdown(plan: Plan, rejected: dict[str, int] | None = None, executab
     recomputed = sum(1 for c in redundant.values() if c > 1)
     lines += ["", f"Primitives computed by more than one kernel (redundant computation): {recomputed}", ""]
     return "\n".join(lines)
+
+
+def render_buckets(manifest: dict) -> str:
+    """report.md of an executable serving a range of sizes (``korch optimize --dynamic``): one row per bucket,
+    each bucket's own report.md in its directory."""
+    sizes = manifest["sizes"]
+    verdict = "matches" if manifest["check"]["ok"] else "DOES NOT match"
+    lines = [
+        f"# korch executable: {manifest['model']}, {sizes['dim']} = {sizes['low']}..{sizes['high']}",
+        "",
+        f"- target **{manifest['target']}**, {len(manifest['buckets'])} compiled units, one per range of "
+        f"{sizes['dim']}; each {verdict} ONNX Runtime at its smallest and largest size "
+        f"(max rel error {manifest['check']['max_rel']:.3g})",
+        "",
+        f"| {sizes['dim']} | kernels | predicted at the largest | unit's weights | max rel error | directory |",
+        "| --- | ---: | ---: | --- | ---: | --- |",
+        *(f"| {b['low']}..{b['high']} | {b['kernels']} | {_us(b['predicted_ms'] / 1e3)} | {b['unit']} "
+          f"| {b['check']['max_rel']:.3g}{'' if b['check']['ok'] else ' FAILED'} | [{b['dir']}]({b['dir']}/report.md) |"
+          for b in manifest["buckets"]),
+        "",
+    ]
+    return "\n".join(lines)

@@ -37,6 +37,8 @@ MANIFEST = "manifest.json"
 LOADED_FILES = ("model.py", "graph.json", "weights.npz", "plan.json")
 # an executable with a compiled unit loads the unit and the launch module's declarations only
 UNIT_LOADED_FILES = ("model.py", "model.pt2")
+# an executable serving a range of sizes loads each bucket's own directory when first called
+FILES_LOADED = {"compiled unit": UNIT_LOADED_FILES, "by size": ()}
 # files opened by path, not read into memory: verified by streaming them through the hash
 OPENED_BY_PATH = frozenset({"model.pt2"})
 
@@ -130,7 +132,7 @@ def read_manifest(outdir: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
         raise KorchError(f"{outdir} is a {FORMAT} v{manifest.get('version')}; this korch reads v{VERSION}: "
                          "run korch optimize again")
     verified = {}
-    for name in UNIT_LOADED_FILES if manifest.get("runs") == "compiled unit" else LOADED_FILES:
+    for name in FILES_LOADED.get(manifest.get("runs"), LOADED_FILES):
         if name in OPENED_BY_PATH:
             verified_path(outdir, name, manifest)
         else:

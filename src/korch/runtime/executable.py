@@ -98,6 +98,7 @@ class Executable:
         with torch.inference_mode(), precision.applied(self.precision) if self.device.type == "cuda" \
                 else contextlib.nullcontext():
             if self.unit is not None:
+                self.size_of(inputs)  # inputs that disagree on a dynamic dimension fail here, not in the unit
                 return self.unit(*inputs)
             if self.cuda_graph and self._calls >= WARMUP_CALLS:
                 outputs = self._replay(inputs)
@@ -127,7 +128,7 @@ class Executable:
     # -- inputs --------------------------------------------------------------------------
 
     def describe_inputs(self) -> str:
-        return ", ".join(f"{n} {'x'.join(map(str, s)) or 'scalar'} {d}" for n, (s, d) in self.input_specs.items())
+        return ", ".join(f"{n} {self._describe_shape(n, s)} {d}" for n, (s, d) in self.input_specs.items())
 
     def _bind(self, args: Sequence, kwargs: Mapping) -> list:
         if len(args) > len(self.input_names):
@@ -152,11 +153,45 @@ class Executable:
         else:
             value = np.asarray(value)
             got_dtype = value.dtype.name
-        if tuple(value.shape) != shape or got_dtype != dtype:
+        if tuple(value.shape) != self._expected_shape(name, shape, tuple(value.shape)) or got_dtype != dtype:
             raise KorchError(f"input {name!r}: got {'x'.join(map(str, value.shape)) or 'scalar'} {got_dtype}, "
-                             f"expected {'x'.join(map(str, shape)) or 'scalar'} {dtype}")
+                             f"expected {self._describe_shape(name, shape)} {dtype}")
         tensor = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value, order="C"))
         return tensor.to(self.device).contiguous()
+
+    # -- a unit serving a range of sizes (korch optimize --dynamic) ------------------------
+
+    @property
+    def size_range(self) -> dict | None:
+        """``{"dim", "low", "high", "axes": {input: [axis, ...]}}`` when the executable serves a range of sizes
+        of one dimension (its declared shapes are at ``high``), else None."""
+        return self.manifest.get("sizes")
+
+    def _expected_shape(self, name: str, shape: tuple[int, ...], got: tuple[int, ...]) -> tuple[int, ...]:
+        sizes = self.size_range
+        axes = sizes["axes"].get(name, ()) if sizes else ()
+        if not axes or len(got) != len(shape) or not sizes["low"] <= got[axes[0]] <= sizes["high"]:
+            return shape
+        return tuple(got[axes[0]] if axis in axes else d for axis, d in enumerate(shape))
+
+    def _describe_shape(self, name: str, shape: tuple[int, ...]) -> str:
+        sizes = self.size_range
+        axes = sizes["axes"].get(name, ()) if sizes else ()
+        span = f"{sizes['dim']}({sizes['low']}..{sizes['high']})" if axes else ""
+        return "x".join(span if axis in axes else str(d) for axis, d in enumerate(shape)) or "scalar"
+
+    def size_of(self, tensors: Sequence[torch.Tensor]) -> int | None:
+        """The size of the dimension in ``tensors`` (one per input, already checked one by one), None without
+        a range; inputs that disagree on it are a ``KorchError``."""
+        sizes = self.size_range
+        if not sizes:
+            return None
+        found = {f"{name} axis {axis}": int(x.shape[axis]) for name, x in zip(self.input_names, tensors)
+                 for axis in sizes["axes"].get(name, ())}
+        if len(set(found.values())) > 1:
+            raise KorchError(f"the inputs disagree on {sizes['dim']}: "
+                             + ", ".join(f"{where} is {size}" for where, size in found.items()))
+        return next(iter(found.values()), None)
 
 
 def _view(buffer: torch.Tensor, shape: Sequence[int], dtype: str) -> torch.Tensor:

@@ -20,16 +20,17 @@ import torch
 from korch.cost.devices import get_device
 from korch.errors import KorchError
 from korch.orchestrate.plan import Plan
-from korch.runtime import bundle, unit
+from korch.runtime import buckets, bundle, unit
 from korch.runtime.assemble import constant_outputs, module_from_source
 from korch.runtime.build import kernel_graphs, rebuild
 from korch.runtime.executable import Executable
 
 
 def load(outdir: str | os.PathLike, device: str | None = None, target: str | None = None,
-         allow_unchecked: bool = False) -> Executable:
+         allow_unchecked: bool = False) -> Executable | buckets.BucketedExecutable:
     """The executable in ``outdir`` on its target's device (``device`` and ``target``, when given, must agree);
-    one that failed its check against ONNX Runtime only with ``allow_unchecked``."""
+    one that failed its check against ONNX Runtime only with ``allow_unchecked``. One built for a range of
+    sizes (``--dynamic``) is a ``BucketedExecutable``."""
     manifest, files = bundle.read_manifest(outdir)
     outdir = Path(outdir)
     check = manifest.get("check") or {}
@@ -46,6 +47,8 @@ def load(outdir: str | os.PathLike, device: str | None = None, target: str | Non
                          f"run korch optimize --target for that device")
     if built_for == "cuda" and not torch.cuda.is_available():
         raise KorchError(f"{outdir} was built for {manifest['target']} (CUDA), and no CUDA device is present")
+    if manifest.get("runs") == buckets.RUNS:
+        return buckets.BucketedExecutable(outdir, manifest, lambda bucket: load(bucket, allow_unchecked=allow_unchecked))
     module = module_from_source(files["model.py"].decode())
     if manifest.get("runs") == "compiled unit":
         return _load_unit(outdir, manifest, module)

@@ -28,6 +28,10 @@ Freezing's own rewrites (a convolution and its activation into one oneDNN
 call) may join a convolution with the pointwise kernel after it; that is the
 one place the unit runs fewer kernels than planned.
 
+With a ``SizeRange`` (``korch optimize --dynamic``) the module computes the
+graph at the size of its inputs (``ir/sizes.py``) and is exported with that
+dimension dynamic: one unit serves every size of the range.
+
 Opaque primitives (they run in ONNX Runtime) and GPU targets (korch's Triton
 kernels, CUDA graphs) keep the kernel-by-kernel executable.
 """
@@ -53,6 +57,7 @@ from korch.backends.torch_ops import node_function, runs_in_torch
 from korch.errors import KorchError
 from korch.ir.graph import Graph
 from korch.ir.interpret import as_torch
+from korch.ir.sizes import SizeFunctions
 from korch.orchestrate.plan import Plan
 
 UNIT_FILE = "model.pt2"
@@ -85,30 +90,54 @@ def supports(graph: Graph, device: str) -> str | None:
 
 
 class PlanModule(torch.nn.Module):
-    """The plan as one torch module: graph inputs in, graph outputs out, each kernel's operations tagged."""
+    """The plan as one torch module: graph inputs in, graph outputs out, each kernel's operations tagged.
 
-    def __init__(self, graph: Graph, plan: Plan, device: str = "cpu", ort_gemms: bool = False):
+    With ``sizes`` (``ir/sizes.py``) it computes the graph at the size its inputs have: exported with that
+    dimension dynamic, one unit serves a range of sizes (``graph`` is at the range's largest)."""
+
+    def __init__(self, graph: Graph, plan: Plan, device: str = "cpu", ort_gemms: bool = False,
+                 sizes: SizeFunctions | None = None):
         super().__init__()
         self._constant_attr = {}
         for i, (name, value) in enumerate(graph.constants.items()):
             attr = f"c{i}_{re.sub(r'[^0-9A-Za-z_]', '_', name)[:40]}"
             self.register_buffer(attr, as_torch(value).to(device), persistent=True)
             self._constant_attr[name] = attr
-        nodes = {node.name: node for node in graph.nodes}
         gemms = [n for n in graph.nodes if ort_gemms and ort_gemm.eligible(graph, n)]
         # a key the unit's calls carry, so that sessions of two units loaded in one process never mix
         self.token = random.getrandbits(62) if gemms else None
-        functions = {n.name: ort_gemm.node_function(self.token, slot) for slot, n in enumerate(gemms)}
-        self._kernels = [[(functions.get(n) or node_function(graph, nodes[n], device), nodes[n].inputs,
-                           nodes[n].outputs) for n in k.nodes] for k in plan.kernels]
+        self._gemm_functions = {n.name: ort_gemm.node_function(self.token, slot) for slot, n in enumerate(gemms)}
+        self._graph, self._plan, self._device, self._sizes = graph, plan, device, sizes
+        self._kernels = None if sizes else self._steps(graph)
         self._inputs, self._outputs = list(graph.inputs), list(graph.outputs)
 
-    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _steps(self, graph: Graph) -> list:
+        nodes = {node.name: node for node in graph.nodes}
+        return [[(self._gemm_functions.get(n) or node_function(graph, nodes[n], self._device), nodes[n].inputs,
+                  nodes[n].outputs) for n in k.nodes] for k in self._plan.kernels]
+
+    def _constants(self, graph: Graph) -> dict[str, torch.Tensor]:
         env = {name: getattr(self, attr) for name, attr in self._constant_attr.items()}
+        for name in self._sizes.varying_constants(graph) if self._sizes else ():
+            # the leading block; index_select, since a slice of a slice makes torch.export guard on the size
+            value = env[name]
+            for axis, (size, full) in enumerate(zip(graph.tensors[name].shape, value.shape)):
+                if not isinstance(size, int) or size != full:
+                    value = value.index_select(axis, torch.arange(size, device=value.device))
+            env[name] = value
+        return env
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        graph, steps = self._graph, self._kernels
+        if self._sizes is not None:
+            name, axes = next(iter(self._sizes.input_axes.items()))
+            graph = self._sizes.graph_at(graph, inputs[self._inputs.index(name)].shape[axes[0]])
+            steps = self._steps(graph)
+        env = self._constants(graph)
         env.update(zip(self._inputs, inputs))
-        for i, steps in enumerate(self._kernels):
+        for i, kernel_steps in enumerate(steps):
             with torch.fx.traceback.annotate({_TAG: i}):
-                for fn, ins, outs in steps:
+                for fn, ins, outs in kernel_steps:
                     env.update(zip(outs, fn(*[env[n] if n else None for n in ins])))
         # a graph output may be an input or a constant: outputs are fresh tensors the caller owns
         return tuple(env[n] if n not in self._constant_attr and n not in self._inputs else env[n].clone()
@@ -162,19 +191,40 @@ def example_inputs(graph: Graph, device: str) -> tuple[torch.Tensor, ...]:
     return tuple(x.to(device) for x in random_inputs(graph))
 
 
-def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant = VARIANTS["packed for oneDNN"]) \
-        -> bytes:
+@dataclasses.dataclass(frozen=True)
+class SizeRange:
+    """A unit serving every size from ``low`` to ``high`` of the dimension ``sizes`` follows (the plan's graph
+    is at ``high``)."""
+
+    sizes: SizeFunctions
+    low: int
+    high: int
+
+    def dynamic_shapes(self, graph: Graph):
+        """``torch.export``'s spec: the dimension's axes of each input as one ``Dim``, or None where the range
+        holds one size. A range of several sizes starts at 2 or above (export specialises 0 and 1)."""
+        if self.low == self.high:
+            return None
+        if self.low < 2:
+            raise ValueError(f"korch bug: a dynamic unit's range starts at {self.low}")
+        dim = torch.export.Dim(re.sub(r"\W", "_", self.sizes.dim), min=self.low, max=self.high)
+        return (tuple({axis: dim for axis in self.sizes.input_axes.get(name, ())} or None for name in graph.inputs),)
+
+
+def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant = VARIANTS["packed for oneDNN"],
+                 size_range: SizeRange | None = None) -> bytes:
     """The plan compiled into one AOTInductor package (the bytes of ``model.pt2``), its weights as ``variant``
-    says."""
+    says; with ``size_range``, one that serves the range's sizes."""
     reason = supports(graph, device)
     if reason:
         raise KorchError(f"no compiled unit: {reason}")
-    module = PlanModule(graph, plan, device, variant.ort_gemms).eval()
+    dynamic = size_range.dynamic_shapes(graph) if size_range else None
+    module = PlanModule(graph, plan, device, variant.ort_gemms, size_range.sizes if dynamic else None).eval()
     inputs = example_inputs(graph, device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside export and AOTInductor
         with torch.inference_mode(False), torch.no_grad(), torch.fx.traceback.preserve_node_meta():
-            exported = torch.export.export(module, inputs)
+            exported = torch.export.export(module, inputs, dynamic_shapes=dynamic)
         # freezing: the weights are constants, so Inductor packs them once, at compile time, in the layout
         # oneDNN wants (blocked convolution weights), instead of on every call; it only applies without grad
         with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, kernel_boundaries(), torch.no_grad(), \
@@ -183,7 +233,8 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
             return Path(path).read_bytes()
 
 
-def choose_unit(graph: Graph, plan: Plan, device: str = "cpu") -> tuple[bytes, dict]:
+def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeRange | None = None) \
+        -> tuple[bytes, dict]:
     """The fastest of the plan's units over ``VARIANTS``, and what was measured: the variants take turns
     (``CHOICE_ROUNDS`` rounds, median of the rounds' medians). A variant that fails to compile is left out;
     if all fail, the first failure is raised."""
@@ -195,7 +246,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu") -> tuple[bytes, d
                                       and any(ort_gemm.eligible(graph, node) for node in graph.nodes)):
             continue  # nothing for ONNX Runtime to run, or spinning OpenMP threads would starve its threads
         try:
-            data = compile_unit(graph, plan, device, variant)
+            data = compile_unit(graph, plan, device, variant, size_range)
             built[name] = (data, CompiledUnit.from_bytes(data))
         except Exception as exc:  # Inductor's failures are many: the other variant may compile
             errors.append(exc)

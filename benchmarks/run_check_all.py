@@ -1,5 +1,5 @@
-"""The executable acceptance run: ``korch optimize`` then ``korch run --check`` for every zoo model and the
-nine ``onnx`` light models, through the command line, on this machine.
+"""The executable acceptance run: ``korch optimize`` then ``korch run --check`` for every zoo model (the
+``transformers`` architectures included) and the nine ``onnx`` light models, through the command line.
 
 Writes ``benchmarks/results/run_check_<target>_<cost>.md`` (and .json): per model, exit codes, the max
 errors printed by ``korch run --check``, kernels, and the seconds each command took.
@@ -65,7 +65,8 @@ def main() -> int:
         row = {"model": name, "optimize_rc": rc_opt, "run_check_rc": rc_run, "optimize_s": round(s_opt, 1),
                "run_s": round(s_run, 1), "kernels": int(kernels.group(1)) if kernels else None,
                "max_abs": errors.group(1) if errors else None, "max_rel": errors.group(2) if errors else None,
-               "log": (log_opt + log_run)[-600:] if rc_opt or rc_run else ""}
+               "log": (log_opt + log_run)[-600:] if rc_opt or rc_run else "",
+               "date": datetime.date.today().isoformat()}
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "log"}), flush=True)
     results = ROOT / "benchmarks" / "results"
@@ -85,10 +86,11 @@ def main() -> int:
              f"- date {datetime.date.today().isoformat()}, machine: {machine}",
              f"- command: `python benchmarks/run_check_all.py {command}`",
              f"- passed: **{sum(r['optimize_rc'] == 0 and r['run_check_rc'] == 0 for r in rows)} of {len(rows)}**",
-             "", "| model | optimize exit | run --check exit | kernels | max abs err | max rel err | optimize s | run s |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "- a run with `--models` replaces those rows and keeps the others (each row's date says when it ran)",
+             "", "| model | optimize exit | run --check exit | kernels | max abs err | max rel err | optimize s | run s "
+             "| date |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     lines += [f"| {r['model']} | {r['optimize_rc']} | {r['run_check_rc']} | {r['kernels']} | {r['max_abs']} | "
-              f"{r['max_rel']} | {r['optimize_s']} | {r['run_s']} |" for r in rows]
+              f"{r['max_rel']} | {r['optimize_s']} | {r['run_s']} | {r.get('date', '')} |" for r in rows]
     sys.path.insert(0, str(ROOT / "src"))
     from korch.fsutil import atomic_write_bytes
 

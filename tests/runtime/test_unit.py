@@ -221,10 +221,10 @@ def test_the_unit_is_the_fastest_of_its_weight_variants(monkeypatch):
 
     compile_unit = unit.compile_unit
 
-    def packed_fails(graph, plan, device="cpu", variant=unit.VARIANTS["packed for oneDNN"]):
+    def packed_fails(graph, plan, device="cpu", variant=unit.VARIANTS["packed for oneDNN"], size_range=None):
         if variant.prepack:
             raise RuntimeError("no oneDNN here")
-        return compile_unit(graph, plan, device, variant)
+        return compile_unit(graph, plan, device, variant, size_range)
 
     monkeypatch.setattr(unit, "compile_unit", packed_fails)
     _, choice = unit.choose_unit(result.graph, result.plan)

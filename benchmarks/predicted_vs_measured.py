@@ -5,7 +5,8 @@ on seeded inputs and takes the median of timed calls; the plan's predicted laten
 measured costs. Issue 11 asks predicted / measured within 0.85-1.15 for every zoo model.
 
     korch optimize zoo:bert_layer --target cpu --cost measured -o /tmp/bert_layer
-    python benchmarks/predicted_vs_measured.py /tmp/bert_layer ... --out benchmarks/results/predicted_vs_measured_cpu.json
+    python benchmarks/predicted_vs_measured.py /tmp/bert_layer ... \\
+        --out benchmarks/results/predicted_vs_measured_cpu.json
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def main(argv=None) -> int:
         manifest = json.loads((outdir / "manifest.json").read_text())
         row = {"model": plan["model"], "cost_model": plan["cost_model"], "kernels": len(plan["kernels"]),
                "predicted_ms": round(predicted_s * 1e3, 3), "measured_ms": round(measured_s * 1e3, 3),
-               "runs_ms": [round(s * 1e3, 3) for s in runs], "predicted_over_measured": round(predicted_s / measured_s, 3),
+               "runs_ms": [round(s * 1e3, 3) for s in runs],
+               "predicted_over_measured": round(predicted_s / measured_s, 3),
                "unit_weights": manifest.get("unit", {}).get("weights"),
                "unit_variants_ms": manifest.get("unit", {}).get("measured_ms")}
         rows.append(row)

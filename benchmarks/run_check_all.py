@@ -87,8 +87,8 @@ def main() -> int:
              f"- command: `python benchmarks/run_check_all.py {command}`",
              f"- passed: **{sum(r['optimize_rc'] == 0 and r['run_check_rc'] == 0 for r in rows)} of {len(rows)}**",
              "- a run with `--models` replaces those rows and keeps the others (each row's date says when it ran)",
-             "", "| model | optimize exit | run --check exit | kernels | max abs err | max rel err | optimize s | run s "
-             "| date |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "", "| model | optimize exit | run --check exit | kernels | max abs err | max rel err | optimize s "
+             "| run s | date |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     lines += [f"| {r['model']} | {r['optimize_rc']} | {r['run_check_rc']} | {r['kernels']} | {r['max_abs']} | "
               f"{r['max_rel']} | {r['optimize_s']} | {r['run_s']} | {r.get('date', '')} |" for r in rows]
     sys.path.insert(0, str(ROOT / "src"))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -88,7 +89,8 @@ def optimize_dynamic(model, dynamic: tuple[str, int, int], *, output: str | os.P
     from korch.runtime.bundle import BundleWriter
 
     writer = BundleWriter(outdir)  # removes OUTDIR's manifest: incomplete until the last line writes it
-    written, checks = [], []
+    shutil.rmtree(outdir / "buckets", ignore_errors=True)  # an earlier build's buckets
+    written = []
     for group in groups:
         first, last = group[0], group[-1]
         result = plans[last]
@@ -98,16 +100,15 @@ def optimize_dynamic(model, dynamic: tuple[str, int, int], *, output: str | os.P
             group_sizes.check_graph_at(result.graph, imported(first.low), first.low)
         if progress.on_stage:
             progress.on_stage(f"compile and check {dim}={first.low}..{last.high} ({len(result.plan.kernels)} kernels)")
-        assembled, check = _build_bucket(result, target, reference, group_sizes, dim, first.low, last.high,
+        assembled = _build_bucket(result, target, reference, group_sizes, dim, first.low, last.high,
                                          input_values, tolerance)
         directory = bucketing.Bucket(first.low, last.high).directory(dim)
         from korch.runtime.write import write_executable
 
         write_executable(outdir / directory, assembled, reports(result, assembled.manifest))
         written.append({"low": first.low, "high": last.high, "dir": directory, "kernels": len(result.plan.kernels),
-                        "predicted_ms": round(result.plan.predicted_latency_s * 1e3, 4), "check": assembled.manifest["check"],
-                        "unit": assembled.manifest["unit"].get("weights")})
-        checks.append(check)
+                        "predicted_ms": round(result.plan.predicted_latency_s * 1e3, 4),
+                        "check": assembled.manifest["check"], "unit": assembled.manifest["unit"].get("weights")})
     top = plans[groups[-1][-1]]
     manifest = _manifest(top, target, {"dim": dim, "low": low, "high": high,
                                        "axes": {n: a for n, a in input_axes.items() if a}}, written)
@@ -161,7 +162,7 @@ def _build_bucket(result: Optimized, target: str, reference: bytes, sizes, dim: 
     worst = max(by_size.values(), key=lambda c: (not c.ok, c.max_rel))
     assembled.manifest["check"] = {**worst.to_json(), "sizes": {str(s): c.to_json() for s, c in by_size.items()}}
     assembled.executable.check = worst
-    return assembled, worst
+    return assembled
 
 
 def _manifest(top: Optimized, target: str, size_range: dict, written: list[dict]) -> dict:

@@ -116,12 +116,16 @@ def _renaming(reference: Graph, graph: Graph) -> tuple[dict[str, str], dict[str,
     return tensors, nodes
 
 
-def _aligned(reference: Graph, graph: Graph, where: str) -> Graph:
-    """``graph`` with ``reference``'s names (see ``_renaming``), or a one-line error."""
+def _renaming_or_error(reference: Graph, graph: Graph, where: str) -> tuple[dict[str, str], dict[str, str]]:
     renaming = _renaming(reference, graph)
     if renaming is None:
         raise KorchError(f"the model's primitives {where}: --dynamic needs one primitive graph for every size")
-    tensors, nodes = renaming
+    return renaming
+
+
+def _aligned(reference: Graph, graph: Graph, where: str) -> Graph:
+    """``graph`` with ``reference``'s names (see ``_renaming``), or a one-line error."""
+    tensors, nodes = _renaming_or_error(reference, graph, where)
     return dataclasses.replace(
         graph, inputs=list(graph.inputs), outputs=[tensors[o] for o in graph.outputs],
         tensors={tensors[n]: Tensor(name=tensors[n], shape=t.shape, dtype=t.dtype) for n, t in graph.tensors.items()},
@@ -142,11 +146,8 @@ class SizeFunctions:
 
     def for_graph(self, graph: Graph, size: int) -> "SizeFunctions":
         """The same functions in the names of ``graph`` (imported at ``size``), checked against it."""
-        renaming = _renaming(graph, self.reference)
-        if renaming is None:
-            raise KorchError(f"the model's primitives at {self.dim}={size} differ from those at the sizes fitted: "
-                             "--dynamic needs one primitive graph for every size")
-        tensors, nodes = renaming
+        tensors, nodes = _renaming_or_error(graph, self.reference,
+                                            f"at {self.dim}={size} differ from those at the sizes fitted")
         moved = SizeFunctions(self.dim, {nodes[n]: a for n, a in self.attrs.items()},
                               {tensors[t]: s for t, s in self.shapes.items()}, self.input_axes, graph)
         moved.check_graph_at(graph, graph, size)
@@ -191,7 +192,7 @@ class SizeFunctions:
 
     def graph_at(self, graph: Graph, size) -> Graph:
         """``graph`` (imported at some size) at ``size``, which may be symbolic: its attributes and shapes
-        evaluated; constants keep the values they have in ``graph`` (``constant_at`` cuts them)."""
+        evaluated; constants keep the values they have in ``graph`` (``PlanModule`` cuts those that grow)."""
         tensors = {name: Tensor(name=name, shape=_evaluate(self.shapes[name], size), dtype=t.dtype)
                    if name in self.shapes else t for name, t in graph.tensors.items()}
         # attribute maps with symbolic integers stay plain dicts: Attrs hashes its values

@@ -72,7 +72,10 @@ def _run_once(executable, args, feeds: dict, size: int | None) -> bool:
         print(f"seeded random input(s){where}: {', '.join(random)}")
     start = time.perf_counter()
     outputs = executable.run(feeds)
-    what = f"{len(executable.kernels)} kernels" if hasattr(executable, "kernels") else "its bucket's unit"
+    if not hasattr(executable, "kernels"):
+        what = "its bucket's compiled unit"
+    else:
+        what = "its compiled unit" if executable.unit is not None else f"{len(executable.kernels)} kernels"
     print(f"ran {what}{where} on {executable.device} in {(time.perf_counter() - start) * 1e3:.1f} ms (first call)")
     for name, value in outputs.items():
         stats = f"mean {float(np.mean(value)):.6g}, max |x| {float(np.abs(value).max(initial=0)):.6g}" \

@@ -19,15 +19,15 @@ from korch.errors import KorchError
 def _sizes(executable, args, given: dict) -> list[int | None]:
     """The sizes to run a bucketed executable at (``[None]``: the executable's own input shapes)."""
     from korch.frontend.inputs import parse_dim
-    from korch.runtime.buckets import check_sizes
+    from korch.runtime.buckets import BucketedExecutable, check_sizes
 
     asked = dict(parse_dim(s) for s in args.dim or ())
-    size_range = getattr(executable, "buckets", None) and executable.size_range
-    if not size_range:
+    if not isinstance(executable, BucketedExecutable):
         if asked:
             raise KorchError(f"--dim is for executables built with korch optimize --dynamic; {args.outdir} takes "
                              f"{executable.describe_inputs()}")
         return [None]
+    size_range = executable.size_range
     unknown = [name for name in asked if name != size_range["dim"]]
     if unknown:
         raise KorchError(f"--dim names {unknown[0]}; {args.outdir} serves {size_range['dim']}="

@@ -49,6 +49,8 @@ def optimize_dynamic(model, dynamic: tuple[str, int, int], *, output: str | os.P
     from korch.backends.registry import device_for
     from korch.ir.sizes import SizeFunctions
     from korch.runtime import buckets as bucketing
+    from korch.runtime.bundle import BundleWriter
+    from korch.runtime.write import write_executable
 
     dim, low, high = dynamic
     target = target or "cpu"
@@ -86,8 +88,6 @@ def optimize_dynamic(model, dynamic: tuple[str, int, int], *, output: str | os.P
     groups = bucketing.merge_equal(buckets, same_kernels)
     reference = model_bytes(model)
     outdir = Path(output)
-    from korch.runtime.bundle import BundleWriter
-
     writer = BundleWriter(outdir)  # removes OUTDIR's manifest: incomplete until the last line writes it
     shutil.rmtree(outdir / "buckets", ignore_errors=True)  # an earlier build's buckets
     written = []
@@ -100,18 +100,16 @@ def optimize_dynamic(model, dynamic: tuple[str, int, int], *, output: str | os.P
             group_sizes.check_graph_at(result.graph, imported(first.low), first.low)
         if progress.on_stage:
             progress.on_stage(f"compile and check {dim}={first.low}..{last.high} ({len(result.plan.kernels)} kernels)")
-        assembled = _build_bucket(result, target, reference, group_sizes, dim, first.low, last.high,
-                                         input_values, tolerance)
+        assembled = _build_bucket(result, target, reference, group_sizes, dim, first.low, last.high, input_values,
+                                  tolerance)
         directory = bucketing.Bucket(first.low, last.high).directory(dim)
-        from korch.runtime.write import write_executable
-
         write_executable(outdir / directory, assembled, reports(result, assembled.manifest))
         written.append({"low": first.low, "high": last.high, "dir": directory, "kernels": len(result.plan.kernels),
                         "predicted_ms": round(result.plan.predicted_latency_s * 1e3, 4),
                         "check": assembled.manifest["check"], "unit": assembled.manifest["unit"].get("weights")})
-    top = plans[groups[-1][-1]]
-    manifest = _manifest(top, target, {"dim": dim, "low": low, "high": high,
-                                       "axes": {n: a for n, a in input_axes.items() if a}}, written)
+    # the last bucket's executable is built at the range's largest size: its declarations are the range's
+    manifest = _manifest(assembled.manifest, {"dim": dim, "low": low, "high": high,
+                                              "axes": {n: a for n, a in input_axes.items() if a}}, written)
     writer.write("reference.onnx", reference)
     from korch.report.markdown import render_buckets
 
@@ -132,6 +130,7 @@ def _build_bucket(result: Optimized, target: str, reference: bytes, sizes, dim: 
     from korch.runtime import unit
     from korch.runtime.assemble import assemble
     from korch.runtime.build import BuiltStep, kernel_graphs
+    from korch.runtime.buckets import specs_at
     from korch.runtime.selfcheck import check_against_onnxruntime, seeded_inputs
 
     graph, plan = result.graph, result.plan
@@ -152,11 +151,11 @@ def _build_bucket(result: Optimized, target: str, reference: bytes, sizes, dim: 
         assembled.manifest["sizes"] = {"dim": dim, "low": low, "high": high,
                                        "axes": {n: list(a) for n, a in sizes.input_axes.items()}}
     model = onnx.load_from_string(reference)
-    values = {name: v for name, v in (input_values or {}).items()}
+    values = dict(input_values or {})
+    axes = sizes.input_axes if sizes else {}
     by_size = {}
     for size in sorted({low, high}):
-        specs = {n: (tuple(size if sizes and a in sizes.input_axes.get(n, ()) else d for a, d in enumerate(s)), t)
-                 for n, (s, t) in assembled.executable.input_specs.items()}
+        specs = specs_at(assembled.executable.input_specs, axes, size)
         feeds = {**seeded_inputs({n: s for n, s in specs.items() if n not in values}), **values}
         by_size[size] = check_against_onnxruntime(assembled.executable, model, feeds, tolerance=tolerance)
     worst = max(by_size.values(), key=lambda c: (not c.ok, c.max_rel))
@@ -165,21 +164,13 @@ def _build_bucket(result: Optimized, target: str, reference: bytes, sizes, dim: 
     return assembled
 
 
-def _manifest(top: Optimized, target: str, size_range: dict, written: list[dict]) -> dict:
-    from korch import precision
-    from korch.runtime.bundle import versions
+def _manifest(largest: dict, size_range: dict, written: list[dict]) -> dict:
+    """OUTDIR's manifest: what the largest bucket's says of the model and its inputs, the range, the buckets."""
     from korch.runtime.buckets import RUNS
 
-    graph = top.graph
     return {
-        "model": top.plan.model, "target": target, "device": "cpu", "versions": versions(), "runs": RUNS,
-        "precision": precision.current().name,
-        "inputs": [{"name": t, "shape": list(graph.tensors[t].shape), "dtype": graph.tensors[t].dtype}
-                   for t in graph.inputs],
-        "outputs": [{"name": t, "shape": list(graph.tensors[t].shape), "dtype": graph.tensors[t].dtype}
-                    for t in graph.outputs],
-        "sizes": size_range,
-        "buckets": written,
+        **{key: largest[key] for key in ("model", "target", "device", "versions", "precision", "inputs", "outputs")},
+        "runs": RUNS, "sizes": size_range, "buckets": written,
         "check": {"ok": all(b["check"]["ok"] for b in written),
                   "max_rel": max(b["check"]["max_rel"] for b in written),
                   "max_abs": max(b["check"]["max_abs"] for b in written)},

@@ -15,7 +15,7 @@ loading costs nothing per bucket.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +48,13 @@ def power_of_two_buckets(low: int, high: int) -> list[Bucket]:
     return buckets
 
 
+def specs_at(specs: Mapping[str, tuple[tuple[int, ...], str]], axes: Mapping[str, Sequence[int]],
+             size: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each input's shape and dtype (``specs``) with its dimension's ``axes`` set to ``size``."""
+    return {n: (tuple(size if a in axes.get(n, ()) else d for a, d in enumerate(shape)), dtype)
+            for n, (shape, dtype) in specs.items()}
+
+
 def merge_equal(buckets: list[Bucket], same: Callable[[Bucket, Bucket], bool]) -> list[list[Bucket]]:
     """Consecutive buckets grouped where ``same`` says their plans agree (one unit then serves the group);
     a bucket below ``MIN_DYNAMIC`` stays alone."""
@@ -66,7 +73,7 @@ class BucketedExecutable:
 
     def __init__(self, outdir: str | Path, manifest: Mapping, open_bucket: Callable[[Path], object]):
         self.outdir, self.manifest = Path(outdir), dict(manifest)
-        self.sizes = manifest["sizes"]
+        self.size_range = manifest["sizes"]
         self.buckets = [(b["low"], b["high"], b["dir"]) for b in manifest["buckets"]]
         self.input_names = [i["name"] for i in manifest["inputs"]]
         self.output_names = [o["name"] for o in manifest["outputs"]]
@@ -79,12 +86,8 @@ class BucketedExecutable:
     def precision(self) -> precision.Policy:
         return precision.get(self.manifest.get("precision", precision.DEFAULT))
 
-    @property
-    def size_range(self) -> dict:
-        return self.sizes
-
     def describe_inputs(self) -> str:
-        return self.bucket_at(self.sizes["high"]).describe_inputs()
+        return self.bucket_at(self.size_range["high"]).describe_inputs()
 
     def bucket_at(self, size: int):
         """The executable serving ``size`` (opened on first use)."""
@@ -93,20 +96,18 @@ class BucketedExecutable:
                 if directory not in self._opened:
                     self._opened[directory] = self._open_bucket(self.outdir / directory)
                 return self._opened[directory]
-        raise KorchError(f"{self.sizes['dim']}={size} is outside the range {self.sizes['low']}..{self.sizes['high']} "
-                         f"{self.outdir} serves: korch optimize --dynamic {self.sizes['dim']}=LOW..HIGH covers it")
+        raise KorchError(f"{self.size_range['dim']}={size} is outside the range {self.size_range['low']}..{self.size_range['high']} "
+                         f"{self.outdir} serves: korch optimize --dynamic {self.size_range['dim']}=LOW..HIGH covers it")
 
     def specs_at(self, size: int) -> dict[str, tuple[tuple[int, ...], str]]:
         """Each input's shape and dtype at ``size``."""
-        axes = self.sizes["axes"]
-        return {n: (tuple(size if a in axes.get(n, ()) else d for a, d in enumerate(shape)), dtype)
-                for n, (shape, dtype) in self.input_specs.items()}
+        return specs_at(self.input_specs, self.size_range["axes"], size)
 
     def _size(self, named: Mapping[str, object]) -> int:
-        for name, axes in self.sizes["axes"].items():
+        for name, axes in self.size_range["axes"].items():
             if name in named and len(np.shape(named[name])) > axes[0]:
                 return int(np.shape(named[name])[axes[0]])
-        return self.sizes["high"]  # no input to read it from: the bucket's own checks say what is missing
+        return self.size_range["high"]  # no input to read it from: the bucket's own checks say what is missing
 
     def __call__(self, *args, **kwargs):
         return self.bucket_at(self._size({**dict(zip(self.input_names, args)), **kwargs}))(*args, **kwargs)

@@ -3,11 +3,11 @@
 Each model is optimized once (``korch optimize --cost roofline``, in a process
 that spins ``threads.SPIN_COUNT`` rounds, so its unit may call ONNX Runtime's
 GEMMs), then timed in fresh processes under each OpenMP setting: libgomp's
-default (spin 300,000 rounds), ``GOMP_SPINCOUNT=10000`` (what korch asks for)
+default (spin 300,000 rounds), each ``GOMP_SPINCOUNT`` of ``--spin-counts``
 and ``OMP_WAIT_POLICY=PASSIVE``. In each process korch's executable and ONNX
 Runtime on the same model take turns; the settings take turns across rounds.
 
-    python benchmarks/openmp_spin.py --models bert_layer,yolox_nano --out benchmarks/results/openmp_spin_cpu.json
+    python benchmarks/openmp_spin.py --models bert_layer,yolox_nano --spin-counts 100,1000,10000 --out benchmarks/results/openmp_spin_cpu.json
 """
 
 from __future__ import annotations
@@ -22,8 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-SETTINGS = {"libgomp default": {}, "GOMP_SPINCOUNT=10000": {"GOMP_SPINCOUNT": "10000"},
-            "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}}
+
+
+def _settings(spin_counts: str) -> dict[str, dict]:
+    """libgomp's default, each spin count asked for, and not spinning at all."""
+    counts = {f"GOMP_SPINCOUNT={n}": {"GOMP_SPINCOUNT": n} for n in spin_counts.split(",") if n}
+    return {"libgomp default": {}, **counts, "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}}
 
 
 def _environment(setting: dict) -> dict:
@@ -44,8 +48,8 @@ def _time_in_this_process(outdir: str, budget_s: float) -> dict:
     executable = korch.load(outdir)
     session = ort.session(str(Path(outdir) / "reference.onnx"))
     rng = np.random.default_rng(0)
-    feeds = {i.name: rng.random([d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
-             for i in session.get_inputs()}
+    feeds = {i.name: (rng.random(shape).astype(np.float32) if i.type == "tensor(float)" else np.ones(shape, np.int64))
+             for i in session.get_inputs() for shape in [[d if isinstance(d, int) else 1 for d in i.shape]]}
     tensors = {name: torch.from_numpy(value) for name, value in feeds.items()}
     systems = {"korch": lambda _: executable(**tensors), "onnxruntime": lambda _: session.run(None, feeds)}
 
@@ -61,6 +65,7 @@ def _time_in_this_process(outdir: str, budget_s: float) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="bert_layer,yolox_nano")
+    parser.add_argument("--spin-counts", default="100,1000,10000", help="GOMP_SPINCOUNT values to time")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget", type=float, default=0.5, help="seconds of timed runs per system and turn")
     parser.add_argument("--out", type=Path)
@@ -70,23 +75,24 @@ def main(argv=None) -> int:
         print(json.dumps(_time_in_this_process(args.child, args.budget)))
         return 0
 
-    from korch import bench
+    from korch import bench, threads
 
+    settings = _settings(args.spin_counts)
     rows = []
     with tempfile.TemporaryDirectory(prefix="korch-spin-") as tmp:
         for model in args.models.split(","):
             outdir = os.path.join(tmp, model)
             subprocess.run([sys.executable, "-m", "korch", "optimize", f"zoo:{model}", "--cost", "roofline", "-q",
-                            "-o", outdir], env=_environment(SETTINGS["GOMP_SPINCOUNT=10000"]), check=True,
+                            "-o", outdir], env=_environment({"GOMP_SPINCOUNT": str(threads.SPIN_COUNT)}), check=True,
                            capture_output=True)
             unit = json.loads(Path(outdir, "manifest.json").read_text()).get("unit", {})
-            samples = {name: [] for name in SETTINGS}
+            samples = {name: [] for name in settings}
             for _ in range(args.rounds):
-                for name, setting in SETTINGS.items():
+                for name, setting in settings.items():
                     done = subprocess.run([sys.executable, __file__, "--child", outdir, "--budget", str(args.budget)],
                                           env=_environment(setting), check=True, capture_output=True, text=True)
                     samples[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            for name in SETTINGS:
+            for name in settings:
                 median = {system: float(np.median([s[system] for s in samples[name]]))
                           for system in samples[name][0]}
                 rows.append({"model": model, "openmp": name, "unit_weights": unit.get("weights"),

@@ -1,23 +1,22 @@
-"""How korch's CPU threads share the cores with ONNX Runtime's: torch's OpenMP threads spin briefly.
+"""How long torch's OpenMP workers spin between parallel loops: ``GOMP_SPINCOUNT=SPIN_COUNT``.
 
 GNU OpenMP (torch's CPU threads) keeps its workers spinning after each
-parallel region, by default for 300,000 rounds (milliseconds). A compiled unit
-that calls ONNX Runtime's GEMMs (``backends/ort_gemm.py``) runs MLAS's threads
-right after Inductor's loops, and spinning OpenMP workers hold the cores MLAS
-needs; not spinning at all (``OMP_WAIT_POLICY=PASSIVE``) makes every parallel
-region wake its workers, which costs convolution networks of many small loops.
-Measured on two cores (``benchmarks/openmp_spin.py``,
-``benchmarks/results/openmp_spin_cpu.json``; libgomp's default / 10,000 rounds
-/ passive): a BERT layer's unit with ONNX Runtime GEMMs 27.1 / 17.5 / 15.1 ms,
-a ViT block's 47.3 / 30.7 / 25.9 ms, YOLOX-Nano's (no GEMMs for ONNX Runtime,
-120 small loops) 33.2 / 28.6 / 35.6 ms: ``SPIN_COUNT`` rounds is the
-compromise.
+parallel region, by default for 300,000 rounds (milliseconds), so that the
+next loop starts at once; a worker that has gone to sleep must be woken, which
+costs the convolution networks' many small loops. Spinning that long holds the
+cores after the executable returns, from whatever runs next in the process
+(ONNX Runtime, when a benchmark takes turns). Measured on two cores
+(``benchmarks/openmp_spin.py``, ``benchmarks/results/openmp_spin_cpu.json``;
+libgomp's default / 10,000 rounds / 1,000 rounds / passive): YOLOX-Nano's unit
+(120 small loops) 15.8 / 15.8 / 17.2 / 20.0 ms; the BERT layer's and ViT
+block's units, whose GEMMs run in ONNX Runtime's MLAS on torch's own threads
+(``backends/ort_gemm.py``), within 4% of each other under every setting.
+``SPIN_COUNT`` rounds keeps what the default gives and returns the cores
+within a fraction of a millisecond.
 
 OpenMP reads its settings once, when torch is imported, so ``korch`` asks for
 ``GOMP_SPINCOUNT=SPIN_COUNT`` as its first act (unless the user set either
 variable), which works when korch is imported before torch.
-``openmp_yields`` says whether OpenMP's workers leave the cores quickly in
-this process.
 """
 
 from __future__ import annotations
@@ -27,32 +26,13 @@ import sys
 
 SPIN_COUNT = 10_000
 _POLICY, _SPIN = "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"
-_YIELDS: bool | None = None
 
 
-def settle() -> bool:
-    """Ask for briefly spinning OpenMP workers if torch is not loaded yet; whether they are (see
-    ``openmp_yields``). Called once, by ``korch/__init__.py``."""
-    global _YIELDS
+def settle() -> None:
+    """Ask for ``SPIN_COUNT`` rounds of spinning if torch is not loaded yet and the user chose no policy.
+    Called once, by ``korch/__init__.py``."""
     if "torch" not in sys.modules and _POLICY not in os.environ:
         os.environ.setdefault(_SPIN, str(SPIN_COUNT))
-    _YIELDS = _yields(os.environ)
-    return _YIELDS
-
-
-def _yields(env) -> bool:
-    policy = env.get(_POLICY, "").strip().upper()
-    if policy in ("PASSIVE", "ACTIVE"):
-        return policy == "PASSIVE"
-    try:
-        return int(env.get(_SPIN, "")) <= SPIN_COUNT
-    except ValueError:
-        return False
-
-
-def openmp_yields() -> bool:
-    """Whether torch's OpenMP workers stop spinning within ``SPIN_COUNT`` rounds in this process."""
-    return _YIELDS if _YIELDS is not None else _yields(os.environ)
 
 
 def describe() -> str:
@@ -61,8 +41,3 @@ def describe() -> str:
     if policy:
         return f"{_POLICY}={policy}"
     return f"{_SPIN}={os.environ.get(_SPIN, 'default')}"
-
-
-def why_spinning() -> str:
-    return (f"torch's OpenMP workers spin for milliseconds in this process ({_SPIN} above {SPIN_COUNT} when torch "
-            f"was imported): import korch before torch, or set {_SPIN}={SPIN_COUNT}")

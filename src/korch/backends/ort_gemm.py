@@ -1,32 +1,34 @@
-"""ONNX Runtime's GEMM (MLAS) as an operator a compiled unit calls: ``torch.ops.korch.ort_matmul``.
+"""ONNX Runtime's GEMM (MLAS) as an operator a compiled unit calls: ``torch.ops.korch_ort.matmul``.
 
 On AVX2 CPUs MLAS multiplies float32 matrices 10-40% faster than every path
 torch offers (MKL, oneDNN with packed weights, Inductor's C++ template;
 ``benchmarks/gemm_paths.py``). A product of an activation with a constant
 weight can therefore run as a one-MatMul ONNX Runtime session whose weight is
-an initializer (MLAS packs it once, when the session opens), called from the
-AOTInductor unit through a ``torch.library`` operator and writing its result
-in place through I/O binding.
+an initializer (MLAS packs it once, when the session opens).
 
-The operator receives the weight the unit holds and a key baked in when the
-unit is compiled (a random unit token and the GEMM's slot), opens the session
-on its first call and keeps it for the process. Its threads do not spin
-between calls: they share the cores with torch's OpenMP threads (which must
-not spin either, ``threads.py``).
+The operator is C++ (``ort_gemm_op.cpp``, built by ``native.py``): the unit
+calls it with no Python in between, and it splits the rows among torch's own
+OpenMP threads, each running its rows through the session on one thread. The
+session opens on the operator's first call, from the weight the unit holds
+and a key baked in when the unit is compiled (a random unit token and the
+GEMM's slot); the one-MatMul model comes from ``korch::ort_gemm_model``, here.
 """
 
 from __future__ import annotations
 
-import threading
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from korch.backends import native
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import Op
 
-_SESSIONS: dict[tuple[int, int], "_Gemm"] = {}
-_LOCK = threading.Lock()
+# the operator library's name in an executable's directory
+LIBRARY_FILE = "korch_ort.so"
+_NAMESPACE = "korch_ort"
+_SOURCE = Path(__file__).with_name("ort_gemm_op.cpp")
 
 
 def eligible(graph: Graph, node: Node) -> bool:
@@ -39,62 +41,45 @@ def eligible(graph: Graph, node: Node) -> bool:
     return weight.ndim == 2 and weight.dtype == np.float32 and graph.tensor(node.inputs[0]).dtype == "float32"
 
 
-class _Gemm:
-    """One weight's session, called through ONNX Runtime's C-level I/O binding: the Python wrapper
-    (``InferenceSession.io_binding``) costs 20 us more per call than the 8 us this path takes."""
-
-    def __init__(self, weight: torch.Tensor):
-        from onnx import TensorProto, helper, numpy_helper
-        from onnxruntime.capi import _pybind_state
-
-        from korch.ir import ort
-
-        k, n = weight.shape
-        graph = helper.make_graph(
-            [helper.make_node("MatMul", ["x", "w"], ["y"])], "korch_gemm",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
-            [numpy_helper.from_array(weight.detach().cpu().numpy(), "w")])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-        self.session = ort.session(model, threads=torch.get_num_threads(), spinning=False)
-        self.shape = (k, n)
-        self._binding = _pybind_state.SessionIOBinding(self.session._sess)
-        self._cpu = _pybind_state.OrtDevice(_pybind_state.OrtDevice.cpu(), _pybind_state.OrtDevice.default_memory(), 0)
-        self._run_options = _pybind_state.RunOptions()
-        self._lock = threading.Lock()
-
-    def __call__(self, rows: torch.Tensor, out: torch.Tensor) -> None:
-        with self._lock:
-            self._binding.bind_input("x", self._cpu, _FLOAT32, list(rows.shape), rows.data_ptr())
-            self._binding.bind_output("y", self._cpu, _FLOAT32, list(out.shape), out.data_ptr())
-            self.session._sess.run_with_iobinding(self._binding, self._run_options)
+def library() -> Path:
+    """The operator library for this torch, built on first use (see ``native.build``)."""
+    return native.build(_SOURCE)
 
 
-_FLOAT32 = np.dtype(np.float32)
+def open_library(path: Path | None = None) -> None:
+    """Make ``torch.ops.korch_ort.matmul`` callable in this process, from ``path`` (an executable's copy) or
+    the library built here."""
+    if not native.load(_NAMESPACE, path or library()):
+        return
+    import onnxruntime
+
+    runtime = sorted(Path(onnxruntime.__file__).parent.glob("capi/libonnxruntime.so*"))
+    if not runtime:
+        raise FileNotFoundError(f"no libonnxruntime.so in {Path(onnxruntime.__file__).parent / 'capi'}")
+    torch.ops.korch_ort.open_runtime(str(runtime[0]))
+    torch.library.register_fake("korch_ort::matmul",
+                                lambda x, w, unit, slot: x.new_empty(*x.shape[:-1], w.shape[1]))
 
 
-def _matmul(x: torch.Tensor, w: torch.Tensor, unit: int, slot: int) -> torch.Tensor:
-    gemm = _SESSIONS.get((unit, slot))
-    if gemm is None:
-        with _LOCK:
-            gemm = _SESSIONS.get((unit, slot)) or _SESSIONS.setdefault((unit, slot), _Gemm(w))
-    if gemm.shape != tuple(w.shape):
-        raise RuntimeError(f"korch::ort_matmul: unit {unit} slot {slot} was opened for a {gemm.shape} weight, "
-                           f"called with {tuple(w.shape)}")
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.empty((rows.shape[0], w.shape[1]), dtype=x.dtype)
-    gemm(rows, out)
-    return out.view(*x.shape[:-1], w.shape[1])
+def _model_bytes(w: torch.Tensor) -> torch.Tensor:
+    """The one-MatMul ONNX model holding ``w``, serialized (what the C++ operator opens a session on)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n = w.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "korch_gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+        [numpy_helper.from_array(w.detach().cpu().numpy(), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return torch.frombuffer(bytearray(model.SerializeToString()), dtype=torch.uint8)
 
 
-# registered with the dispatcher directly: ``torch.library.custom_op``'s wrapper costs 30 us more per call
-_LIBRARY = torch.library.Library("korch", "DEF")
-_LIBRARY.define("ort_matmul(Tensor x, Tensor w, int unit, int slot) -> Tensor")
-_LIBRARY.impl("ort_matmul", _matmul, "CPU")
-torch.library.register_fake("korch::ort_matmul", lambda x, w, unit, slot: x.new_empty(*x.shape[:-1], w.shape[1]),
-                            lib=_LIBRARY)
+_LIBRARY = torch.library.Library("korch", "FRAGMENT")
+_LIBRARY.define("ort_gemm_model(Tensor w) -> Tensor")
+_LIBRARY.impl("ort_gemm_model", _model_bytes, "CompositeExplicitAutograd")
 
 
 def node_function(unit: int, slot: int):
     """The NodeFn of an eligible MATMUL in unit ``unit``: one output, computed by ONNX Runtime."""
-    return lambda x, w: [torch.ops.korch.ort_matmul(x, w, unit, slot)]
+    return lambda x, w: [torch.ops.korch_ort.matmul(x, w, unit, slot)]

@@ -26,7 +26,7 @@ from korch.runtime import bundle
 from korch.runtime.build import BuiltStep
 from korch.runtime.codegen import Layout, launch_module, plan_layout
 from korch.runtime.executable import Executable
-from korch.runtime.unit import UNIT_FILE, CompiledUnit, unit_manifest
+from korch.runtime.unit import UNIT_FILE, CompiledUnit, library_files, unit_manifest
 from korch.version import __version__
 
 
@@ -83,6 +83,7 @@ def assemble(graph: Graph, plan: Plan, steps: Sequence[BuiltStep], *, target: st
     _check_round_trip(graph, bundle.graph_from_bytes(files["graph.json"], files["weights.npz"]))
     if unit is not None:
         files[UNIT_FILE] = unit
+        files.update(library_files(unit_choice or {}))
     no_cuda_graph = _why_no_cuda_graph([s.kernel for s in steps], device)
     executable = Executable(module_from_source(source), [s.built for s in steps], constant_outputs(graph, device),
                             device, use_cuda_graph=no_cuda_graph is None,

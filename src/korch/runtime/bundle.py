@@ -2,6 +2,7 @@
 
     manifest.json   versions, target, inputs/outputs, kernels, memory, self-check, file checksums
     model.py        the launch sequence (``codegen.launch_module``)
+    model.pt2       the compiled unit, if any (``runtime/unit.py``), and the operator libraries it calls
     graph.json      the primitive graph, constants by name only
     weights.npz     the constants (weights), in graph order
     plan.json       the orchestrator's plan
@@ -132,12 +133,19 @@ def read_manifest(outdir: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
         raise KorchError(f"{outdir} is a {FORMAT} v{manifest.get('version')}; this korch reads v{VERSION}: "
                          "run korch optimize again")
     verified = {}
-    for name in FILES_LOADED.get(manifest.get("runs"), LOADED_FILES):
-        if name in OPENED_BY_PATH:
+    for name in (*FILES_LOADED.get(manifest.get("runs"), LOADED_FILES), *unit_libraries(manifest)):
+        if name in OPENED_BY_PATH or name in unit_libraries(manifest):
             verified_path(outdir, name, manifest)
         else:
             verified[name] = _verified(outdir, name, manifest, read=True)
     return manifest, verified
+
+
+def unit_libraries(manifest: Mapping) -> list[str]:
+    """The operator libraries (files in the directory) an executable's compiled unit calls."""
+    if manifest.get("runs") != "compiled unit":
+        return []
+    return list(manifest.get("unit", {}).get("libraries", []))
 
 
 def verified_path(outdir: str | os.PathLike, name: str, manifest: Mapping) -> Path:

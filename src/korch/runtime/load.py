@@ -70,12 +70,12 @@ def load(outdir: str | os.PathLike, device: str | None = None, target: str | Non
 
 def _load_unit(outdir: Path, manifest: dict, module) -> Executable:
     unit.check_compatible(manifest.get("unit", {}), str(outdir))
-    unit.warn_if_spinning(manifest.get("unit", {}), str(outdir))
     _warn_on_new_versions(manifest.get("versions", {}), outdir)
     # the launch module's declarations (inputs, outputs) describe the executable; the unit computes it
     # opened where it lies (read_manifest verified it): a copy of a large unit would cost more than the load
     return Executable(module, [], {}, manifest["device"], manifest=manifest,
-                      unit=unit.CompiledUnit(outdir / unit.UNIT_FILE))
+                      unit=unit.CompiledUnit(outdir / unit.UNIT_FILE,
+                                             {name: outdir / name for name in bundle.unit_libraries(manifest)}))
 
 
 def _warn_on_new_versions(built_with: dict, outdir: Path) -> None:

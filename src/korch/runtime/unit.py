@@ -22,8 +22,9 @@ libraries is measured, not assumed: ``choose_unit`` compiles the unit in each
 of ``VARIANTS`` and keeps the fastest: packed once, at compile time, in the
 layouts oneDNN wants (its blocked convolution and GEMM weights; YOLOv4's
 convolutions want it), left to ATen's MKL call, or with every product by a
-constant weight in ONNX Runtime's MLAS (``backends/ort_gemm.py``; on an AVX2
-EPYC a BERT layer's unit runs 15 ms this way against 18-20 ms through ATen).
+constant weight in ONNX Runtime's MLAS (``backends/ort_gemm.py``, a C++
+operator the executable's directory carries as a library; on an AVX2 EPYC a
+BERT layer's unit runs 12-13 ms this way against 16-19 ms through ATen).
 Freezing's own rewrites (a convolution and its activation into one oneDNN
 call) may join a convolution with the pointwise kernel after it; that is the
 one place the unit runs fewer kernels than planned.
@@ -51,7 +52,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from korch import threads
 from korch.backends import ort_gemm
 from korch.backends.torch_ops import node_function, runs_in_torch
 from korch.errors import KorchError
@@ -104,6 +104,8 @@ class PlanModule(torch.nn.Module):
             self.register_buffer(attr, as_torch(value).to(device), persistent=True)
             self._constant_attr[name] = attr
         gemms = [n for n in graph.nodes if ort_gemms and ort_gemm.eligible(graph, n)]
+        if gemms:
+            ort_gemm.open_library()
         # a key the unit's calls carry, so that sessions of two units loaded in one process never mix
         self.token = random.getrandbits(62) if gemms else None
         self._gemm_functions = {n.name: ort_gemm.node_function(self.token, slot) for slot, n in enumerate(gemms)}
@@ -246,9 +248,8 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
 
     built, errors = {}, []
     for name, variant in VARIANTS.items():
-        if variant.ort_gemms and not (threads.openmp_yields()
-                                      and any(ort_gemm.eligible(graph, node) for node in graph.nodes)):
-            continue  # nothing for ONNX Runtime to run, or spinning OpenMP threads would starve its threads
+        if variant.ort_gemms and not any(ort_gemm.eligible(graph, node) for node in graph.nodes):
+            continue  # nothing for ONNX Runtime to run
         try:
             data = compile_unit(graph, plan, device, variant, size_range)
             built[name] = (data, CompiledUnit.from_bytes(data))
@@ -267,7 +268,15 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         medians = take_turns(list(built), median_s, CHOICE_ROUNDS if len(built) > 1 else 0)
     seconds = {name: float(np.median(m)) for name, m in medians.items() if m}
     best = min(seconds, key=seconds.get) if seconds else next(iter(built))
-    return built[best][0], {"weights": best, "measured_ms": {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}}
+    libraries = [ort_gemm.LIBRARY_FILE] if VARIANTS[best].ort_gemms else []
+    return built[best][0], {"weights": best, "measured_ms": {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()},
+                            **({"libraries": libraries} if libraries else {})}
+
+
+def library_files(choice: dict) -> dict[str, bytes]:
+    """The operator libraries a unit ``choose_unit`` chose calls, by their file names in the directory."""
+    return {name: ort_gemm.library().read_bytes() for name in choice.get("libraries", ())
+            if name == ort_gemm.LIBRARY_FILE}
 
 
 def unit_manifest(device: str = "cpu") -> dict:
@@ -285,23 +294,19 @@ def check_compatible(recorded: dict, where: str) -> None:
                              f"has {here[key]}: run korch optimize again here")
 
 
-def warn_if_spinning(recorded: dict, where: str) -> None:
-    """A warning when the unit ``recorded`` in a manifest calls ONNX Runtime's GEMMs in a process whose
-    OpenMP threads spin (it runs correctly, and slower than it was measured)."""
-    variant = VARIANTS.get(recorded.get("weights"))
-    if variant is not None and variant.ort_gemms and not threads.openmp_yields():
-        warnings.warn(f"{where}: its GEMMs run in ONNX Runtime, slower than measured: {threads.why_spinning()}")
-
-
 class CompiledUnit:
-    """A loaded ``model.pt2``: ``unit(*inputs) -> tuple of outputs`` (fresh tensors).
+    """A loaded ``model.pt2``: ``unit(*inputs) -> tuple of outputs`` (fresh tensors); ``libraries``, the operator
+    libraries it calls, by file name, are opened first.
 
     The package's loader is called directly (``torch._C._aoti``): ``torch._inductor.aoti_load_package``
     would import Inductor and Dynamo (1.5 s) and flatten the arguments with pytree on every call, and a
     unit's inputs and outputs are already flat tuples of tensors.
     """
 
-    def __init__(self, package: str | os.PathLike):
+    def __init__(self, package: str | os.PathLike, libraries: dict[str, Path] | None = None):
+        for name, path in (libraries or {}).items():
+            if name == ort_gemm.LIBRARY_FILE:
+                ort_gemm.open_library(path)
         try:
             self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
         except Exception as exc:  # a package torch cannot open: a damaged or foreign file

@@ -1,0 +1,108 @@
+"""ONNX Runtime's GEMM as korch's C++ operator: products as ONNX Runtime computes them, rows split among torch's
+threads, sessions keyed per unit, and the executable that calls it carries (and checks) its library."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from korch.backends import ort_gemm
+from korch.ir.ort import run_model
+from korch.pipeline import optimize
+from korch.runtime import unit
+from tests.test_cli import assert_one_line_error
+from tests.test_cli import korch as cli_korch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library():
+    ort_gemm.open_library()
+
+
+def _slot():
+    _slot.count = getattr(_slot, "count", 0) + 1
+    return _slot.count
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(1, 24), (15, 24), (16, 24), (17, 24), (2, 33, 24), (3, 1, 64, 24)])
+def test_products_match_onnx_runtime(shape, threads):
+    """Any number of rows (fewer than a thread's share, an odd split, leading batch axes), on one or two of
+    torch's threads, gives ONNX Runtime's own MatMul result."""
+    rng = np.random.default_rng(len(shape) * 100 + shape[-2] if len(shape) > 1 else 0)
+    x, w = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (*shape[:-1], 40))],
+        [onnx.numpy_helper.from_array(w, "w")]), opset_imports=[helper.make_opsetid("", 13)])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = torch.ops.korch_ort.matmul(torch.from_numpy(x), torch.from_numpy(w), 1, _slot())
+    finally:
+        torch.set_num_threads(before)
+    assert got.shape == (*shape[:-1], 40)
+    np.testing.assert_allclose(got.numpy(), run_model(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_slot_keeps_the_weight_it_was_opened_for():
+    slot = _slot()
+    torch.ops.korch_ort.matmul(torch.ones(2, 4), torch.ones(4, 3), 7, slot)
+    with pytest.raises(RuntimeError, match="opened for a 4x3 weight, called with 5x3"):
+        torch.ops.korch_ort.matmul(torch.ones(2, 5), torch.ones(5, 3), 7, slot)
+
+
+def _matmul_relu_model(seed=0):
+    weight = np.random.default_rng(seed).standard_normal((16, 8)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
+    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 40, 16))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 40, 8))],
+                              [onnx.numpy_helper.from_array(weight, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.fixture(scope="module")
+def ort_unit_dir(tmp_path_factory):
+    """An executable whose unit runs its product in ONNX Runtime (the only variant offered)."""
+    out = tmp_path_factory.mktemp("ort-unit") / "out"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(unit, "VARIANTS", {"GEMMs by ONNX Runtime": unit.VARIANTS["GEMMs by ONNX Runtime"]})
+        optimize(_matmul_relu_model(), target="cpu", cost="roofline", output=out, compiled_unit=True)
+    return out
+
+
+def test_the_executable_carries_the_operator_library(ort_unit_dir):
+    """The unit's library is in the directory with its checksum; a fresh process loads and runs it without
+    building anything and matches ONNX Runtime."""
+    manifest = json.loads((ort_unit_dir / "manifest.json").read_text())
+    assert manifest["unit"]["libraries"] == [ort_gemm.LIBRARY_FILE] and ort_gemm.LIBRARY_FILE in manifest["files"]
+    script = f"""
+import sys, numpy as np, onnx, korch
+from korch.backends import native
+from korch.ir.ort import run_model
+native.build = None  # nothing may be compiled here
+exe = korch.load({str(ort_unit_dir)!r})
+x = np.random.default_rng(3).standard_normal((2, 40, 16)).astype(np.float32)
+np.testing.assert_allclose(exe.run({{"x": x}})["y"], run_model(onnx.load({str(ort_unit_dir / 'reference.onnx')!r}),
+                           {{"x": x}})["y"], rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+def test_a_damaged_operator_library_is_a_one_line_error(ort_unit_dir, tmp_path):
+    import shutil
+
+    d = tmp_path / "copy"
+    shutil.copytree(ort_unit_dir, d)
+    data = bytearray((d / ort_gemm.LIBRARY_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (d / ort_gemm.LIBRARY_FILE).write_bytes(bytes(data))
+    assert_one_line_error(cli_korch("run", d, timeout=300), ort_gemm.LIBRARY_FILE, "corrupted")

@@ -30,16 +30,17 @@ def _slot():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("shape", [(1, 24), (15, 24), (16, 24), (17, 24), (2, 33, 24), (3, 1, 64, 24)])
-def test_products_match_onnx_runtime(shape, threads):
-    """Any number of rows (fewer than a thread's share, an odd split, leading batch axes), on one or two of
-    torch's threads, gives ONNX Runtime's own MatMul result."""
-    rng = np.random.default_rng(len(shape) * 100 + shape[-2] if len(shape) > 1 else 0)
-    x, w = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
+@pytest.mark.parametrize("columns", [40, 160])
+@pytest.mark.parametrize("shape", [(1, 24), (15, 24), (2, 33, 24), (3, 1, 64, 24)])
+def test_products_match_onnx_runtime(shape, columns, threads):
+    """Any number of rows (one, leading batch axes), a weight in one column block or cut in one per thread
+    (160 columns on two threads), gives ONNX Runtime's own MatMul result."""
+    rng = np.random.default_rng(sum(shape) + columns)
+    x, w = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((24, columns)).astype(np.float32)
     model = helper.make_model(helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (*shape[:-1], 40))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (*shape[:-1], columns))],
         [onnx.numpy_helper.from_array(w, "w")]), opset_imports=[helper.make_opsetid("", 13)])
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -47,7 +48,7 @@ def test_products_match_onnx_runtime(shape, threads):
         got = torch.ops.korch_ort.matmul(torch.from_numpy(x), torch.from_numpy(w), 1, _slot())
     finally:
         torch.set_num_threads(before)
-    assert got.shape == (*shape[:-1], 40)
+    assert got.shape == (*shape[:-1], columns)
     np.testing.assert_allclose(got.numpy(), run_model(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
@@ -106,3 +107,17 @@ def test_a_damaged_operator_library_is_a_one_line_error(ort_unit_dir, tmp_path):
     data[len(data) // 2] ^= 0xFF
     (d / ort_gemm.LIBRARY_FILE).write_bytes(bytes(data))
     assert_one_line_error(cli_korch("run", d, timeout=300), ort_gemm.LIBRARY_FILE, "corrupted")
+
+
+def test_products_in_inference_mode_on_two_threads():
+    """torch's worker threads do not share the caller's inference mode: the operator's threads touch plain
+    memory only."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x, w = torch.randn(5, 24), torch.randn(24, 160)
+        with torch.inference_mode():
+            got = torch.ops.korch_ort.matmul(x, w, 2, _slot())
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, x @ w, rtol=1e-5, atol=1e-5)

@@ -87,8 +87,9 @@ def test_matmul_counts_matrix_flops():
     w = b.const(np.ones((4, 5), dtype=np.float32))
     y = b.emit(Op.MATMUL, "a", w)
     r = b.emit(Op.RELU, y)
+    # the ReLU loop reads the product and writes the output: 30 floats each (loop_bytes, charged on CPUs)
     assert _work(g, [r]) == KernelWork(bytes_read=(24 + 20) * 4, bytes_written=30 * 4,
-                                       vector_flops=30, matrix_flops=2 * 2 * 3 * 5 * 4)
+                                       vector_flops=30, matrix_flops=2 * 2 * 3 * 5 * 4, loop_bytes=2 * 30 * 4)
 
 
 def test_reduce_of_n_to_m_needs_n_minus_m_operations():
@@ -286,3 +287,49 @@ def test_a_kernel_of_reshapes_alone_moves_nothing_but_a_transpose_moves_its_byte
     g, b = _graph(("x", (128, 768)))
     t = b.transpose("x", (1, 0))
     assert _work(g, [t]).bytes_written == 128 * 768 * 4
+
+
+def _cpu(monkeypatch):
+    monkeypatch.setattr(probe, "peak_matrix_flops", lambda: 0.0)
+    record = {"cpu": "test", "threads": 1, "torch": "x", "cache_bytes": 32 << 20,
+              "measured": {"memory_bandwidth": 10e9, "cache_bandwidth": 40e9, "matmul_flops": 50e9,
+                           "elementwise_flops": 5e9, "tiny_op_seconds": 2e-6}}
+    return devices.cpu_device_from(record)
+
+
+def _gelu_after_product(split: bool):
+    """x @ w then exact GELU; ``split``: the kernel ends at GELU's two factors, 0.5 y and erf(y / sqrt 2)."""
+    g, b = _graph(("x", (64, 256)))
+    y = b.emit(Op.MATMUL, "x", b.const(np.ones((256, 1024), dtype=np.float32)))
+    half = b.mul(y, b.const(np.float32(0.5)))
+    erf = b.emit(Op.ERF, b.mul(y, b.const(np.float32(0.7071))))
+    if split:
+        return g, [half, erf]
+    return g, [b.mul(half, b.add(erf, b.const(np.float32(1.0))))]
+
+
+def test_on_a_cpu_loops_around_a_product_add_to_its_compute_time(monkeypatch):
+    """A CPU runs a product as a library call and the loops around it after it: their floor adds to the
+    product's compute time; a GPU's kernel overlaps them. Ending a kernel at two factors of GELU writes one
+    tensor more than ending it at GELU, and on a CPU costs more."""
+    device, h100 = _cpu(monkeypatch), get_device("h100")
+    g, outputs = _gelu_after_product(split=False)
+    work = _work(g, outputs)
+    assert work.loop_bytes == 2 * 64 * 1024 * 4 + 3 * 4  # the product read once, GELU written once, 3 scalars
+    loops = max(work.vector_flops / device.vector_peak(), work.loop_bytes / device.cache_bandwidth)
+    assert lower_bound(device, work) >= device.launch_overhead + work.matrix_flops / device.matrix_peak() + loops
+    no_loops = dataclasses.replace(work, loop_bytes=0)
+    assert lower_bound(h100, work) == lower_bound(h100, no_loops)
+    split_g, split_outputs = _gelu_after_product(split=True)
+    assert lower_bound(device, _work(split_g, split_outputs)) > lower_bound(device, work)
+
+
+def test_a_product_seen_through_a_reshape_is_the_product():
+    """A reshape between a product and a loop is a view: the loop still touches the product once, and a
+    kernel of a product and reshapes alone has no loops."""
+    g, b = _graph(("x", (4, 8)))
+    y = b.emit(Op.MATMUL, "x", b.const(np.ones((8, 6), dtype=np.float32)))
+    view = b.emit(Op.RESHAPE, y, shape=(2, 2, 6))
+    assert _work(g, [view]).loop_bytes == 0
+    r = b.emit(Op.RELU, view)
+    assert _work(g, [r]).loop_bytes == 2 * 24 * 4

@@ -28,7 +28,11 @@ Why each piece is a floor (docs/cost.md has the long form):
   stride phase (``FAST_CONVOLUTION``). LINEAR nodes count as matrix FLOPs,
   every other node as vector FLOPs.
 * **Overlap.** Memory traffic, vector units and matrix units work at the same
-  time on real devices, so the terms combine by ``max``, never by sum.
+  time on real devices, so the terms combine by ``max``, never by sum. One
+  exception: on a CPU a matrix product runs as a library call (MLAS, oneDNN,
+  MKL) and the kernel's other loops before or after it, so a kernel with a
+  MATMUL and other work is at least the product's compute time plus the floor
+  of those loops (``KernelWork.loop_bytes``: the bytes they must touch).
 * **Cache.** A kernel's inputs may already sit in the last-level cache (its
   producer just wrote them; a profiler repeats the same kernel) and its outputs
   may stay there dirty, so only bytes beyond the cache's capacity must cross
@@ -69,6 +73,9 @@ class KernelWork:
     bytes_written: int
     vector_flops: int
     matrix_flops: int
+    # on CPUs, where products are library calls: the bytes the loops around a MATMUL must read or write (the
+    # kernel's tensors they touch, and each tensor passed between them and a product, once); 0 without loops
+    loop_bytes: int = 0
 
     @property
     def bytes_moved(self) -> int:
@@ -242,7 +249,30 @@ def kernel_work(graph: Graph, nodes: Iterable[int], inputs: Sequence[str], outpu
                 need[name] = max(need.get(name, 0), n)
     read = sum(min(need.get(name, 0), t[name].numel) * itemsize(t[name].dtype) for name in dict.fromkeys(inputs))
     written = sum(t[name].nbytes for name in dict.fromkeys(outputs))
-    return KernelWork(bytes_read=read, bytes_written=written, vector_flops=vector, matrix_flops=matrix)
+    return KernelWork(bytes_read=read, bytes_written=written, vector_flops=vector, matrix_flops=matrix,
+                      loop_bytes=_loop_bytes(graph, [graph.nodes[i] for i in nodes], inputs, outputs))
+
+
+def _loop_bytes(graph: Graph, nodes: list[Node], inputs: Sequence[str], outputs: Sequence[str]) -> int:
+    """The bytes the loops of a kernel with a MATMUL must touch: tensors of the kernel's boundary they read or
+    write, and each tensor passed between a loop and a product. Reshapes are views: a tensor seen through
+    one is the tensor. 0 for a kernel without a MATMUL or without loops."""
+    source = {n.output: n.inputs[0] for n in nodes if n.op is Op.RESHAPE}
+
+    def root(name: str) -> str:
+        while name in source:
+            name = source[name]
+        return name
+
+    products = [n for n in nodes if n.op is Op.MATMUL]
+    loops = [n for n in nodes if n.op not in (Op.MATMUL, Op.RESHAPE, Op.OPAQUE)]
+    if not products or not loops:
+        return 0
+    boundary = {root(n) for n in (*inputs, *outputs)}
+    by_loops = {root(n) for node in loops for n in (*node.inputs, node.output) if n}
+    by_products = {root(n) for node in products for n in (*node.inputs, node.output) if n}
+    touched = (by_loops & boundary) | (by_loops & by_products)
+    return sum(graph.tensors[name].nbytes for name in touched)
 
 
 def memory_time(device: Device, work: KernelWork, warm: bool = True) -> float:
@@ -263,7 +293,11 @@ def compute_time(device: Device, work: KernelWork, dtype: str = "float32") -> fl
 
 def lower_bound(device: Device, work: KernelWork, dtype: str = "float32", *, warm: bool = True) -> float:
     """Seconds no kernel doing ``work`` on ``device`` can beat (``warm``: see ``memory_time``)."""
-    return device.launch_overhead + max(memory_time(device, work, warm), compute_time(device, work, dtype))
+    overlapped = max(memory_time(device, work, warm), compute_time(device, work, dtype))
+    if device.kind == "cpu" and work.loop_bytes:
+        loops = max(work.vector_flops / device.vector_peak(dtype), work.loop_bytes / device.cache_bandwidth)
+        overlapped = max(overlapped, work.matrix_flops / device.matrix_peak(dtype) + loops)
+    return device.launch_overhead + overlapped
 
 
 def kernel_dtype(graph: Graph, names: Iterable[str]) -> str:

@@ -1,12 +1,13 @@
 // korch_ort::matmul: a product by a constant weight, computed by ONNX Runtime's MLAS, called from a compiled
 // unit with no Python in between (backends/ort_gemm.py builds and loads this file).
 //
-// A weight is cut into column blocks, one per torch thread, and each block gets a one-MatMul ONNX Runtime
-// session with one intra-op thread (MLAS packs the block once, when the session opens). A call runs the
-// blocks on torch's own threads (at::parallel_for), each multiplying every row by its block: ONNX Runtime's
-// thread pools never start, so MLAS never waits for cores that torch's OpenMP workers hold, and each thread
-// streams its share of the weight, not all of it (splitting the rows instead made each thread read the whole
-// weight: 7% slower on ViT's 197x768x3072 product, and no parallelism at all for one row).
+// Each weight gets one-MatMul ONNX Runtime sessions with one intra-op thread each (MLAS packs the weight
+// once, when a session opens), run on torch's own threads (at::parallel_for): ONNX Runtime's thread pools
+// never start, so MLAS never waits for cores that torch's OpenMP workers hold. A small weight (at most
+// kRowSplitBytes) has one session and the threads split the rows. A larger one is cut into column blocks,
+// a session each, and each thread multiplies every row by its block, so that it streams its share of the
+// weight, not all of it (rows split made both threads read the whole weight: 4% slower on ViT's
+// 197x768x3072 product), at the cost of copying its block of the result into place.
 //
 // ONNX Runtime's C API is a table of function pointers whose order its authors never change (struct OrtApi in
 // onnxruntime_c_api.h; the wheel ships the library, not the header): korch names the slots it calls.
@@ -55,6 +56,9 @@ constexpr uint32_t kApiVersion = 16;  // ONNX Runtime 1.16 and later serve this 
 constexpr int kLoggingError = 3, kEnableAll = 99, kFloat = 1, kDeviceAllocator = 0, kMemTypeDefault = 0;
 // columns per block below which a weight is cut into fewer blocks than torch has threads
 constexpr int64_t kMinColumnsPerBlock = 64;
+// weights of at most this many bytes are not cut: the threads split the rows (at least kMinRows each)
+constexpr int64_t kRowSplitBytes = 4 << 20;
+constexpr int64_t kMinRows = 16;
 
 struct OrtApiBase {
   const void* const* (*GetApi)(uint32_t version);
@@ -152,7 +156,9 @@ const Gemm& gemm_for(const at::Tensor& w, int64_t unit, int64_t slot) {
                                .findSchemaOrThrow("korch::ort_gemm_model", "")
                                .typed<at::Tensor(const at::Tensor&)>();
     const int64_t n = w.size(1);
-    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / kMinColumnsPerBlock));
+    const int64_t blocks = w.numel() * 4 <= kRowSplitBytes
+                               ? 1
+                               : std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / kMinColumnsPerBlock));
     Gemm gemm{{}, {}, w.size(0), n};
     for (int64_t b = 0; b <= blocks; ++b) gemm.starts.push_back(n * b / blocks);
     for (int64_t b = 0; b < blocks; ++b) {
@@ -177,7 +183,11 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& w, int64_t unit, int64_
   at::Tensor out = at::empty({m, n}, x.options());
   float* x_data = rows.data_ptr<float>();
   if (blocks == 1) {
-    runtime->run(gemm.sessions[0], x_data, out.data_ptr<float>(), m, k, n);
+    float* y_data = out.data_ptr<float>();
+    const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), m / kMinRows));
+    at::parallel_for(0, m, (m + threads - 1) / threads, [&](int64_t begin, int64_t end) {
+      runtime->run(gemm.sessions[0], x_data + begin * k, y_data + begin * n, end - begin, k, n);
+    });
   } else {
     // ONNX Runtime writes contiguous outputs: each block's product lands in its own part of ``scratch`` and
     // is copied into its columns of ``out`` (plain memory: worker threads run no ATen operators, whose

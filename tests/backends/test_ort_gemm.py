@@ -122,3 +122,14 @@ def test_a_large_weight_in_column_blocks_in_inference_mode(rows):
     finally:
         torch.set_num_threads(before)
     torch.testing.assert_close(got, x @ w, rtol=1e-4, atol=1e-3)
+
+
+def test_a_unit_of_the_earlier_python_operator_is_a_one_line_error(ort_unit_dir, tmp_path):
+    import shutil
+
+    d = tmp_path / "old"
+    shutil.copytree(ort_unit_dir, d)
+    manifest = json.loads((d / "manifest.json").read_text())
+    del manifest["unit"]["libraries"]
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    assert_one_line_error(cli_korch("run", d, timeout=300), "earlier korch", "run korch optimize again")

@@ -292,6 +292,11 @@ def check_compatible(recorded: dict, where: str) -> None:
         if recorded.get(key) != here[key]:
             raise KorchError(f"{where}: its compiled unit was built for {what} {recorded.get(key)}, this machine "
                              f"has {here[key]}: run korch optimize again here")
+    variant = VARIANTS.get(recorded.get("weights"))
+    if variant is not None and variant.ort_gemms and not recorded.get("libraries"):
+        # units of korch before 2026-11-24 called a Python operator (korch::ort_matmul) that is gone
+        raise KorchError(f"{where}: its compiled unit calls an ONNX Runtime GEMM operator of an earlier korch: "
+                         "run korch optimize again")
 
 
 class CompiledUnit:

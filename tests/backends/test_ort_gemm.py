@@ -15,6 +15,7 @@ from korch.backends import ort_gemm
 from korch.ir.ort import run_model
 from korch.pipeline import optimize
 from korch.runtime import unit
+from tests.runtime.test_unit import _matmul_relu_model
 from tests.test_cli import assert_one_line_error
 from tests.test_cli import korch as cli_korch
 
@@ -59,22 +60,13 @@ def test_a_slot_keeps_the_weight_it_was_opened_for():
         torch.ops.korch_ort.matmul(torch.ones(2, 5), torch.ones(5, 3), 7, slot)
 
 
-def _matmul_relu_model(seed=0):
-    weight = np.random.default_rng(seed).standard_normal((16, 8)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
-    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 40, 16))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 40, 8))],
-                              [onnx.numpy_helper.from_array(weight, "w")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-
-
 @pytest.fixture(scope="module")
 def ort_unit_dir(tmp_path_factory):
     """An executable whose unit runs its product in ONNX Runtime (the only variant offered)."""
     out = tmp_path_factory.mktemp("ort-unit") / "out"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(unit, "VARIANTS", {"GEMMs by ONNX Runtime": unit.VARIANTS["GEMMs by ONNX Runtime"]})
-        optimize(_matmul_relu_model(), target="cpu", cost="roofline", output=out, compiled_unit=True)
+        optimize(_matmul_relu_model((2, 40, 16))[0], target="cpu", cost="roofline", output=out, compiled_unit=True)
     return out
 
 

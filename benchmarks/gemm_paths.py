@@ -5,8 +5,9 @@ as ATen dispatches), oneDNN with the weight packed once
 (``mkldnn._reorder_linear_weight`` + ``mkldnn._linear_pointwise``), MKL's
 packed path (``mkl._mkl_reorder_linear_weight`` + ``mkl._mkl_linear``; the
 compiled unit's frozen GEMMs take one of these), and ONNX Runtime's MatMul
-(MLAS), and Inductor's C++ GEMM template (its own AVX2/AVX-512 micro-kernel, the weight packed at
-freeze time; what ``max_autotune`` on a CPU can pick). Medians, interleaved, in one
+(MLAS), Inductor's C++ GEMM template (its own AVX2/AVX-512 micro-kernel, the weight packed at
+freeze time; what ``max_autotune`` on a CPU can pick), and korch's ``korch_ort::matmul`` (MLAS
+on torch's threads: what a unit's "GEMMs by ONNX Runtime" call). Medians, interleaved, in one
 process, with the torch and ONNX Runtime thread counts equal.
 
     python benchmarks/gemm_paths.py --out benchmarks/results/gemm_paths_cpu.json
@@ -79,9 +80,11 @@ def main(argv=None) -> int:
     import torch
 
     from korch import bench
+    from korch.backends import ort_gemm
 
+    ort_gemm.open_library()
     rows = []
-    for m, k, n in SMALL_SHAPES if args.small else SHAPES:
+    for slot, (m, k, n) in enumerate(SMALL_SHAPES if args.small else SHAPES):
         rng = np.random.default_rng(0)
         x_np = rng.standard_normal((m, k)).astype(np.float32)
         w_np = rng.standard_normal((k, n)).astype(np.float32)
@@ -99,6 +102,7 @@ def main(argv=None) -> int:
             "MKL packed": lambda: torch.ops.mkl._mkl_linear(x, packed_mkl, w_t, None, m),
             "Inductor C++ template": lambda: template(x),
             "onnxruntime": lambda: session.run(None, {"x": x_np}),
+            "korch_ort::matmul": lambda: torch.ops.korch_ort.matmul(x, w, 0, slot),
         }
         seconds = {name: [] for name in paths}
         with torch.inference_mode():

@@ -4,8 +4,9 @@
 // Each weight gets one-MatMul ONNX Runtime sessions with one intra-op thread each (MLAS packs the weight
 // once, when a session opens), run on torch's own threads (at::parallel_for): ONNX Runtime's thread pools
 // never start, so MLAS never waits for cores that torch's OpenMP workers hold. A small weight (at most
-// kRowSplitBytes) has one session and the threads split the rows. A larger one is cut into column blocks,
-// a session each, and each thread multiplies every row by its block, so that it streams its share of the
+// kRowSplitBytes) multiplied by enough rows has one session and the threads split the rows. A larger one,
+// or one first called with too few rows to split (one token of a decoder), is cut into column blocks, a
+// session each, and each thread multiplies every row by its block, so that it streams its share of the
 // weight, not all of it (rows split made both threads read the whole weight: 4% slower on ViT's
 // 197x768x3072 product), at the cost of copying its block of the result into place.
 //
@@ -146,7 +147,8 @@ void open_runtime(c10::string_view library) {
   if (!runtime) runtime = std::make_unique<Runtime>(std::string(library));
 }
 
-const Gemm& gemm_for(const at::Tensor& w, int64_t unit, int64_t slot) {
+// the slot's sessions, opened on its first call (``rows``: that call's row count)
+const Gemm& gemm_for(const at::Tensor& w, int64_t unit, int64_t slot, int64_t rows) {
   std::lock_guard<std::mutex> guard(lock);
   TORCH_CHECK(runtime, "korch_ort: ONNX Runtime's library is not open (korch.backends.ort_gemm opens it)");
   auto found = gemms.find({unit, slot});
@@ -156,9 +158,9 @@ const Gemm& gemm_for(const at::Tensor& w, int64_t unit, int64_t slot) {
                                .findSchemaOrThrow("korch::ort_gemm_model", "")
                                .typed<at::Tensor(const at::Tensor&)>();
     const int64_t n = w.size(1);
-    const int64_t blocks = w.numel() * 4 <= kRowSplitBytes
-                               ? 1
-                               : std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / kMinColumnsPerBlock));
+    const bool split_rows = w.numel() * 4 <= kRowSplitBytes && rows >= 2 * kMinRows;
+    const int64_t blocks =
+        split_rows ? 1 : std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / kMinColumnsPerBlock));
     Gemm gemm{{}, {}, w.size(0), n};
     for (int64_t b = 0; b <= blocks; ++b) gemm.starts.push_back(n * b / blocks);
     for (int64_t b = 0; b < blocks; ++b) {
@@ -176,8 +178,8 @@ const Gemm& gemm_for(const at::Tensor& w, int64_t unit, int64_t slot) {
 at::Tensor matmul(const at::Tensor& x, const at::Tensor& w, int64_t unit, int64_t slot) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && w.dim() == 2,
               "korch_ort::matmul multiplies float32 rows by a float32 matrix");
-  const Gemm& gemm = gemm_for(w, unit, slot);
   at::Tensor rows = x.reshape({-1, x.size(-1)}).contiguous();
+  const Gemm& gemm = gemm_for(w, unit, slot, rows.size(0));
   const int64_t m = rows.size(0), k = gemm.k, n = gemm.n;
   const int64_t blocks = static_cast<int64_t>(gemm.sessions.size());
   at::Tensor out = at::empty({m, n}, x.options());

@@ -7,7 +7,8 @@ default (spin 300,000 rounds), each ``GOMP_SPINCOUNT`` of ``--spin-counts``
 and ``OMP_WAIT_POLICY=PASSIVE``. In each process korch's executable and ONNX
 Runtime on the same model take turns; the settings take turns across rounds.
 
-    python benchmarks/openmp_spin.py --models bert_layer,yolox_nano --spin-counts 100,1000,10000 --out benchmarks/results/openmp_spin_cpu.json
+    python benchmarks/openmp_spin.py --models bert_layer,yolox_nano --spin-counts 100,1000,10000 \\
+        --out benchmarks/results/openmp_spin_cpu.json
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
 
 
 def _settings(spin_counts: str) -> dict[str, dict]:

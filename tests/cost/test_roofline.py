@@ -244,13 +244,18 @@ def test_cpu_bound_of_a_large_add_on_a_known_record(monkeypatch):
     assert lower_bound(device, _work(g, [z])) == pytest.approx(1e-6 + spill / 20e9)
 
 
-def test_cpu_bytes_within_the_cache_are_charged_at_the_cache_bandwidth(monkeypatch):
-    """A kernel whose tensors all fit the cache still moves them: 12 MiB at twice the probe's 40 GB/s."""
+def _cpu(monkeypatch):
+    """The CPU of a probe record that measured 10 GB/s from memory, 40 GB/s through a 32 MiB cache."""
     monkeypatch.setattr(probe, "peak_matrix_flops", lambda: 0.0)
     record = {"cpu": "test", "threads": 1, "torch": "x", "cache_bytes": 32 << 20,
               "measured": {"memory_bandwidth": 10e9, "cache_bandwidth": 40e9, "matmul_flops": 50e9,
                            "elementwise_flops": 5e9, "tiny_op_seconds": 2e-6}}
-    device = devices.cpu_device_from(record)
+    return devices.cpu_device_from(record)
+
+
+def test_cpu_bytes_within_the_cache_are_charged_at_the_cache_bandwidth(monkeypatch):
+    """A kernel whose tensors all fit the cache still moves them: 12 MiB at twice the probe's 40 GB/s."""
+    device = _cpu(monkeypatch)
     n = (4 << 20) // 4
     g, b = _graph(("x", (n,)), ("y", (n,)))
     z = b.add("x", "y")
@@ -287,14 +292,6 @@ def test_a_kernel_of_reshapes_alone_moves_nothing_but_a_transpose_moves_its_byte
     g, b = _graph(("x", (128, 768)))
     t = b.transpose("x", (1, 0))
     assert _work(g, [t]).bytes_written == 128 * 768 * 4
-
-
-def _cpu(monkeypatch):
-    monkeypatch.setattr(probe, "peak_matrix_flops", lambda: 0.0)
-    record = {"cpu": "test", "threads": 1, "torch": "x", "cache_bytes": 32 << 20,
-              "measured": {"memory_bandwidth": 10e9, "cache_bandwidth": 40e9, "matmul_flops": 50e9,
-                           "elementwise_flops": 5e9, "tiny_op_seconds": 2e-6}}
-    return devices.cpu_device_from(record)
 
 
 def _gelu_after_product(split: bool):

@@ -22,7 +22,7 @@ import torch
 from korch import config
 from korch.errors import KorchError
 
-_LOADED: dict[str, Path] = {}  # operator namespace -> the library that registered it
+_LOADED: set[str] = set()  # operator namespaces a library registered in this process
 
 
 def _flags() -> list[str]:
@@ -71,5 +71,5 @@ def load(namespace: str, library: Path) -> bool:
         torch.ops.load_library(str(library))
     except OSError as exc:
         raise KorchError(f"cannot open {library}: {exc}: run korch optimize again") from None
-    _LOADED[namespace] = Path(library)
+    _LOADED.add(namespace)
     return True

@@ -133,14 +133,17 @@ class Runtime {
 };
 
 struct Gemm {
-  std::vector<OrtSession*> sessions;  // one per column block
-  std::vector<int64_t> starts;        // each block's first column, and n last
+  std::vector<OrtSession*> sessions;  // one (rows split), or one per column block
   int64_t k, n;
+
+  // block b's first column (b = blocks: n): the blocks cut n as evenly as integers allow
+  int64_t start(int64_t b) const { return n * b / static_cast<int64_t>(sessions.size()); }
 };
 
 std::mutex lock;
 std::unique_ptr<Runtime> runtime;
-std::map<std::pair<int64_t, int64_t>, Gemm> gemms;  // (unit token, slot) -> its session; sessions live as long as the process
+// (unit token, slot) -> its sessions, which live as long as the process
+std::map<std::pair<int64_t, int64_t>, Gemm> gemms;
 
 void open_runtime(c10::string_view library) {
   std::lock_guard<std::mutex> guard(lock);
@@ -161,11 +164,10 @@ const Gemm& gemm_for(const at::Tensor& w, int64_t unit, int64_t slot, int64_t ro
     const bool split_rows = w.numel() * 4 <= kRowSplitBytes && rows >= 2 * kMinRows;
     const int64_t blocks =
         split_rows ? 1 : std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / kMinColumnsPerBlock));
-    Gemm gemm{{}, {}, w.size(0), n};
-    for (int64_t b = 0; b <= blocks; ++b) gemm.starts.push_back(n * b / blocks);
+    Gemm gemm{std::vector<OrtSession*>(blocks), w.size(0), n};
     for (int64_t b = 0; b < blocks; ++b) {
-      at::Tensor block = w.narrow(1, gemm.starts[b], gemm.starts[b + 1] - gemm.starts[b]).contiguous();
-      gemm.sessions.push_back(runtime->open(model_of.call(block)));
+      at::Tensor block = w.narrow(1, gemm.start(b), gemm.start(b + 1) - gemm.start(b)).contiguous();
+      gemm.sessions[b] = runtime->open(model_of.call(block));
     }
     found = gemms.emplace(std::make_pair(unit, slot), std::move(gemm)).first;
   }
@@ -199,7 +201,7 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& w, int64_t unit, int64_
     float* y_data = out.data_ptr<float>();
     at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
-        const int64_t first = gemm.starts[b], columns = gemm.starts[b + 1] - first;
+        const int64_t first = gemm.start(b), columns = gemm.start(b + 1) - first;
         float* block = scratch_data + m * first;
         runtime->run(gemm.sessions[b], x_data, block, m, k, columns);
         for (int64_t r = 0; r < m; ++r) {

@@ -96,8 +96,9 @@ class BucketedExecutable:
                 if directory not in self._opened:
                     self._opened[directory] = self._open_bucket(self.outdir / directory)
                 return self._opened[directory]
-        raise KorchError(f"{self.size_range['dim']}={size} is outside the range {self.size_range['low']}..{self.size_range['high']} "
-                         f"{self.outdir} serves: korch optimize --dynamic {self.size_range['dim']}=LOW..HIGH covers it")
+        dim, low, high = self.size_range["dim"], self.size_range["low"], self.size_range["high"]
+        raise KorchError(f"{dim}={size} is outside the range {low}..{high} {self.outdir} serves: "
+                         f"korch optimize --dynamic {dim}=LOW..HIGH covers it")
 
     def specs_at(self, size: int) -> dict[str, tuple[tuple[int, ...], str]]:
         """Each input's shape and dtype at ``size``."""

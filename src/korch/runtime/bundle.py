@@ -132,9 +132,9 @@ def read_manifest(outdir: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
     if manifest.get("version") != VERSION:
         raise KorchError(f"{outdir} is a {FORMAT} v{manifest.get('version')}; this korch reads v{VERSION}: "
                          "run korch optimize again")
-    verified = {}
-    for name in (*FILES_LOADED.get(manifest.get("runs"), LOADED_FILES), *unit_libraries(manifest)):
-        if name in OPENED_BY_PATH or name in unit_libraries(manifest):
+    verified, libraries = {}, unit_libraries(manifest)
+    for name in (*FILES_LOADED.get(manifest.get("runs"), LOADED_FILES), *libraries):
+        if name in OPENED_BY_PATH or name in libraries:
             verified_path(outdir, name, manifest)
         else:
             verified[name] = _verified(outdir, name, manifest, read=True)

@@ -75,7 +75,7 @@ def _load_unit(outdir: Path, manifest: dict, module) -> Executable:
     # opened where it lies (read_manifest verified it): a copy of a large unit would cost more than the load
     return Executable(module, [], {}, manifest["device"], manifest=manifest,
                       unit=unit.CompiledUnit(outdir / unit.UNIT_FILE,
-                                             {name: outdir / name for name in bundle.unit_libraries(manifest)}))
+                                             [outdir / name for name in bundle.unit_libraries(manifest)]))
 
 
 def _warn_on_new_versions(built_with: dict, outdir: Path) -> None:

@@ -46,7 +46,7 @@ import random
 import re
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -268,15 +268,15 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         medians = take_turns(list(built), median_s, CHOICE_ROUNDS if len(built) > 1 else 0)
     seconds = {name: float(np.median(m)) for name, m in medians.items() if m}
     best = min(seconds, key=seconds.get) if seconds else next(iter(built))
-    libraries = [ort_gemm.LIBRARY_FILE] if VARIANTS[best].ort_gemms else []
-    return built[best][0], {"weights": best, "measured_ms": {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()},
-                            **({"libraries": libraries} if libraries else {})}
+    choice = {"weights": best, "measured_ms": {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}}
+    if VARIANTS[best].ort_gemms:
+        choice["libraries"] = [ort_gemm.LIBRARY_FILE]
+    return built[best][0], choice
 
 
 def library_files(choice: dict) -> dict[str, bytes]:
-    """The operator libraries a unit ``choose_unit`` chose calls, by their file names in the directory."""
-    return {name: ort_gemm.library().read_bytes() for name in choice.get("libraries", ())
-            if name == ort_gemm.LIBRARY_FILE}
+    """The operator library a unit ``choose_unit`` chose calls (korch_ort's, the only one), by its file name."""
+    return {name: ort_gemm.library().read_bytes() for name in choice.get("libraries", ())}
 
 
 def unit_manifest(device: str = "cpu") -> dict:
@@ -300,18 +300,17 @@ def check_compatible(recorded: dict, where: str) -> None:
 
 
 class CompiledUnit:
-    """A loaded ``model.pt2``: ``unit(*inputs) -> tuple of outputs`` (fresh tensors); ``libraries``, the operator
-    libraries it calls, by file name, are opened first.
+    """A loaded ``model.pt2``: ``unit(*inputs) -> tuple of outputs`` (fresh tensors); ``libraries``, the paths of
+    the operator libraries it calls (korch_ort's), are opened first.
 
     The package's loader is called directly (``torch._C._aoti``): ``torch._inductor.aoti_load_package``
     would import Inductor and Dynamo (1.5 s) and flatten the arguments with pytree on every call, and a
     unit's inputs and outputs are already flat tuples of tensors.
     """
 
-    def __init__(self, package: str | os.PathLike, libraries: dict[str, Path] | None = None):
-        for name, path in (libraries or {}).items():
-            if name == ort_gemm.LIBRARY_FILE:
-                ort_gemm.open_library(path)
+    def __init__(self, package: str | os.PathLike, libraries: Sequence[Path] = ()):
+        for path in libraries:
+            ort_gemm.open_library(path)
         try:
             self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
         except Exception as exc:  # a package torch cannot open: a damaged or foreign file

@@ -7,7 +7,7 @@ packed path (``mkl._mkl_reorder_linear_weight`` + ``mkl._mkl_linear``; the
 compiled unit's frozen GEMMs take one of these), and ONNX Runtime's MatMul
 (MLAS), Inductor's C++ GEMM template (its own AVX2/AVX-512 micro-kernel, the weight packed at
 freeze time; what ``max_autotune`` on a CPU can pick), and korch's ``korch_ort::matmul`` (MLAS
-on torch's threads: what a unit's "GEMMs by ONNX Runtime" call). Medians, interleaved, in one
+on torch's threads: what a unit's "MLAS by ONNX Runtime" variant calls). Medians, interleaved, in one
 process, with the torch and ONNX Runtime thread counts equal.
 
     python benchmarks/gemm_paths.py --out benchmarks/results/gemm_paths_cpu.json

@@ -65,7 +65,7 @@ def ort_unit_dir(tmp_path_factory):
     """An executable whose unit runs its product in ONNX Runtime (the only variant offered)."""
     out = tmp_path_factory.mktemp("ort-unit") / "out"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(unit, "VARIANTS", {"GEMMs by ONNX Runtime": unit.VARIANTS["GEMMs by ONNX Runtime"]})
+        patch.setattr(unit, "VARIANTS", {"MLAS by ONNX Runtime": unit.VARIANTS["MLAS by ONNX Runtime"]})
         optimize(_matmul_relu_model((2, 40, 16))[0], target="cpu", cost="roofline", output=out, compiled_unit=True)
     return out
 
@@ -125,3 +125,100 @@ def test_a_unit_of_the_earlier_python_operator_is_a_one_line_error(ort_unit_dir,
     del manifest["unit"]["libraries"]
     (d / "manifest.json").write_text(json.dumps(manifest))
     assert_one_line_error(cli_korch("run", d, timeout=300), "earlier korch", "run korch optimize again")
+
+
+def _with_threads(threads, fn):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("transposed_b", [False, True])
+@pytest.mark.parametrize("batch", [(), (1,), (3,), (2, 3)])
+@pytest.mark.parametrize("rows", [1, 40])
+def test_batched_products_match_onnx_runtime(batch, rows, transposed_b, threads):
+    """Products of two activations over batch axes (fewer batches than threads: their rows are split; keys
+    stored transposed: read as they lie) give ONNX Runtime's MatMul result."""
+    rng = np.random.default_rng(len(batch) + rows)
+    a = rng.standard_normal((*batch, rows, 12)).astype(np.float32)
+    b = rng.standard_normal((*batch, 12, 7)).astype(np.float32)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["y"])], "bmm",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, a.shape),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, b.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 13)])
+    b_torch = torch.from_numpy(np.ascontiguousarray(np.swapaxes(b, -1, -2))).transpose(-1, -2) if transposed_b \
+        else torch.from_numpy(b)
+    assert b_torch.is_contiguous() is not transposed_b
+    got = _with_threads(threads, lambda: torch.ops.korch_ort.batched_matmul(torch.from_numpy(a), b_torch, 1, _slot()))
+    np.testing.assert_allclose(got.numpy(), run_model(model, {"a": a, "b": b})["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_batched_products_need_equal_batch_axes():
+    with pytest.raises(RuntimeError, match="equal batch axes"):
+        torch.ops.korch_ort.batched_matmul(torch.ones(2, 3, 4), torch.ones(1, 4, 5), 1, _slot())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(5,), (3, 197), (2, 3, 40, 17)])
+def test_softmax_matches_onnx_runtime(shape, threads):
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32) * 10
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "softmax",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)]), opset_imports=[helper.make_opsetid("", 13)])
+    got = _with_threads(threads, lambda: torch.ops.korch_ort.softmax(torch.from_numpy(x), 1, _slot()))
+    np.testing.assert_allclose(got.numpy(), run_model(model, {"x": x})["y"], rtol=1e-6, atol=1e-7)
+
+
+def _attention_model(extra_output: str | None = None):
+    """softmax(q @ k^T * 0.5) @ v over (1, 2, 9, 4) heads; ``extra_output`` also made a graph output."""
+    spec = [("q", TensorProto.FLOAT, (1, 2, 9, 4)), ("k", TensorProto.FLOAT, (1, 2, 9, 4)),
+            ("v", TensorProto.FLOAT, (1, 2, 9, 4))]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Mul", ["s", "half"], ["scaled"]),
+             helper.make_node("Softmax", ["scaled"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if extra_output:
+        outputs.append(helper.make_tensor_value_info(extra_output, TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info(*s) for s in spec], outputs,
+                              [onnx.numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_softmaxes_are_found_where_their_parts_are_private():
+    """Fission's softmax (max, subtract, exp, sum, divide) in one kernel becomes one softmax; not when a
+    part is read elsewhere, nor when the parts are in different kernels."""
+    from korch.pipeline import load_model
+
+    _, graph, _ = load_model(_attention_model())
+    (found,) = ort_gemm.softmaxes(graph, graph.nodes)
+    assert len(found.parts) == 5 and {graph.producers()[found.output].op.value} == {"Div"}
+    parts = [n for n in graph.nodes if n.name in found.parts]
+    assert ort_gemm.softmaxes(graph, [n for n in graph.nodes if n.name != parts[2].name]) == []
+    exp = next(n for n in parts if n.op.value == "Exp")
+    graph.outputs.append(exp.output)
+    assert ort_gemm.softmaxes(graph, graph.nodes) == []
+
+
+def test_attention_runs_in_onnx_runtimes_kernels(tmp_path):
+    """The unit's MLAS variant runs both products and the softmax in ONNX Runtime, and the executable matches
+    ONNX Runtime on the whole model."""
+    module_steps = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(unit, "VARIANTS", {"MLAS by ONNX Runtime": unit.VARIANTS["MLAS by ONNX Runtime"]})
+        result = optimize(_attention_model(), target="cpu", cost="roofline", output=tmp_path / "out",
+                          compiled_unit=True)
+        module = unit.PlanModule(result.graph, result.plan, ort_kernels=True)
+        module_steps = module._replaced
+    kinds = sorted(fn.__qualname__.split(".")[0] for fn, _ in filter(None, module_steps.values()))
+    assert kinds == ["batched_function", "batched_function", "softmax_function"]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["unit"]["weights"] == "MLAS by ONNX Runtime" and manifest["check"]["ok"]

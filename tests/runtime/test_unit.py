@@ -212,7 +212,7 @@ def test_the_unit_is_the_fastest_of_its_weight_variants(monkeypatch):
     measured = choice["measured_ms"]
     assert set(measured) == set(unit.VARIANTS) and all(ms > 0 for ms in measured.values())
     assert measured[choice["weights"]] == min(measured.values())
-    assert choice.get("libraries", []) == (["korch_ort.so"] if choice["weights"] == "GEMMs by ONNX Runtime" else [])
+    assert choice.get("libraries", []) == (["korch_ort.so"] if choice["weights"] == "MLAS by ONNX Runtime" else [])
     x = torch.randn(4, 16)
     np.testing.assert_allclose(unit.CompiledUnit.from_bytes(data)(x)[0].numpy(),
                                torch.relu(x @ torch.from_numpy(weight)).numpy(), rtol=1e-5, atol=1e-6)
@@ -234,7 +234,7 @@ def test_gemms_by_onnx_runtime_compute_each_units_own_product():
     (sessions are keyed by a per-unit token), batched activations included, as ONNX Runtime computes it."""
     from korch.ir.ort import run_model
 
-    variant = unit.VARIANTS["GEMMs by ONNX Runtime"]
+    variant = unit.VARIANTS["MLAS by ONNX Runtime"]
     models = [_matmul_relu_model((2, 5, 16), seed) for seed in (1, 2)]
     units = []
     for model, _ in models:

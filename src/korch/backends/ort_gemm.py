@@ -1,21 +1,29 @@
-"""ONNX Runtime's GEMM (MLAS) as an operator a compiled unit calls: ``torch.ops.korch_ort.matmul``.
+"""ONNX Runtime's MLAS kernels as operators a compiled unit calls: ``torch.ops.korch_ort.matmul`` (an
+activation by a constant weight), ``batched_matmul`` (two activations, attention's products) and
+``softmax`` (over the last axis).
 
 On AVX2 CPUs MLAS multiplies float32 matrices 10-40% faster than every path
 torch offers (MKL, oneDNN with packed weights, Inductor's C++ template;
-``benchmarks/gemm_paths.py``). A product of an activation with a constant
-weight can therefore run as a one-MatMul ONNX Runtime session whose weight is
-an initializer (MLAS packs it once, when the session opens).
+``benchmarks/gemm_paths.py``), and its softmax takes half the time of
+Inductor's loops. A product of an activation with a constant weight runs as a
+one-MatMul ONNX Runtime session whose weight is an initializer (MLAS packs it
+once, when the session opens); the others as one-node sessions without
+initializers.
 
-The operator is C++ (``ort_gemm_op.cpp``, built by ``native.py``): the unit
-calls it with no Python in between, and it splits the rows among torch's own
-OpenMP threads, each running its rows through the session on one thread. The
-session opens on the operator's first call, from the weight the unit holds
-and a key baked in when the unit is compiled (a random unit token and the
-GEMM's slot); the one-MatMul model comes from ``korch::ort_gemm_model``, here.
+The operators are C++ (``ort_gemm_op.cpp``, built by ``native.py``): the unit
+calls them with no Python in between, and they split the work among torch's
+own OpenMP threads, each running its share through a session on one thread.
+A session opens on its operator's first call, from a key baked in when the
+unit is compiled (a random unit token and the operator's slot); its one-node
+model comes from ``korch::ort_gemm_model`` or ``korch::ort_op_model``, here.
+Fission writes a softmax as five primitives: ``softmaxes`` finds them in a
+kernel.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +49,60 @@ def eligible(graph: Graph, node: Node) -> bool:
     return weight.ndim == 2 and weight.dtype == np.float32 and graph.tensor(node.inputs[0]).dtype == "float32"
 
 
+def batched_eligible(graph: Graph, node: Node) -> bool:
+    """A float32 MATMUL of two activations with equal batch axes (attention's products)."""
+    if node.op is not Op.MATMUL or len(node.inputs) != 2 or any(n in graph.constants for n in node.inputs):
+        return False
+    a, b = (graph.tensor(n) for n in node.inputs)
+    return a.dtype == b.dtype == "float32" and a.rank == b.rank >= 2 and a.shape[:-2] == b.shape[:-2]
+
+
+@dataclasses.dataclass(frozen=True)
+class Softmax:
+    """A softmax over the last axis as fission writes it (max, subtract, exp, sum, divide): ``output``, the
+    divide's, from ``input``; ``parts``, the names of the five primitives."""
+
+    input: str
+    output: str
+    parts: frozenset[str]
+
+
+def softmaxes(graph: Graph, nodes: Sequence[Node]) -> list[Softmax]:
+    """The float32 softmaxes over the last axis among ``nodes`` (one kernel's primitives) whose intermediate
+    values nothing else reads."""
+    producer = {out: node for node in nodes for out in node.outputs}
+    consumers = graph.consumers()
+    found = []
+    for divide in nodes:
+        if divide.op is not Op.DIV:
+            continue
+        exp, total = (producer.get(name) for name in divide.inputs)
+        if not (exp and total and exp.op is Op.EXP and total.op is Op.REDUCE_SUM and total.inputs == exp.outputs):
+            continue
+        shifted = producer.get(exp.inputs[0])
+        if not shifted or shifted.op is not Op.SUB:
+            continue
+        x, peak = shifted.inputs[0], producer.get(shifted.inputs[1])
+        if not peak or peak.op is not Op.REDUCE_MAX or peak.inputs != (x,) or graph.tensor(x).dtype != "float32":
+            continue
+        last = (graph.tensor(x).rank - 1,)
+        if any(r.attrs.get("axes") != last or not r.attrs.get("keepdims") for r in (peak, total)):
+            continue
+        inner = (peak, shifted, exp, total)
+        parts = frozenset(n.name for n in (*inner, divide))
+        if any(n.output in graph.outputs or any(c.name not in parts for c in consumers.get(n.output, ()))
+               for n in inner):
+            continue
+        found.append(Softmax(x, divide.output, parts))
+    return found
+
+
+def any_eligible(graph: Graph) -> bool:
+    """Whether ``graph`` has a product or a softmax that ONNX Runtime could run."""
+    return any(eligible(graph, n) or batched_eligible(graph, n) for n in graph.nodes) or bool(
+        softmaxes(graph, graph.nodes))
+
+
 def library() -> Path:
     """The operator library for this torch, built on first use (see ``native.build``)."""
     return native.build(_SOURCE)
@@ -59,6 +121,9 @@ def open_library(path: Path | None = None) -> None:
     torch.ops.korch_ort.open_runtime(str(runtime[0]))
     torch.library.register_fake("korch_ort::matmul",
                                 lambda x, w, unit, slot: x.new_empty(*x.shape[:-1], w.shape[1]))
+    torch.library.register_fake("korch_ort::batched_matmul",
+                                lambda a, b, unit, slot: a.new_empty(*a.shape[:-1], b.shape[-1]))
+    torch.library.register_fake("korch_ort::softmax", lambda x, unit, slot: x.new_empty(x.shape))
 
 
 def _model_bytes(w: torch.Tensor) -> torch.Tensor:
@@ -71,15 +136,52 @@ def _model_bytes(w: torch.Tensor) -> torch.Tensor:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
         [numpy_helper.from_array(w.detach().cpu().numpy(), "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return _serialized(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8))
+
+
+def _serialized(model) -> torch.Tensor:
     return torch.frombuffer(bytearray(model.SerializeToString()), dtype=torch.uint8)
+
+
+# the activation operators' one-node models, by the kind the C++ operator asks for
+_OP_NODES = {
+    "matmul": ("MatMul", "", {}),
+    "matmul_transb": ("FusedMatMul", "com.microsoft", {"transB": 1}),
+    "softmax": ("Softmax", "", {"axis": -1}),
+}
+
+
+def _op_model_bytes(kind: str) -> torch.Tensor:
+    """The one-node ONNX model of activation operator ``kind`` (inputs x and, for products, b; output y)."""
+    from onnx import TensorProto, helper
+
+    op, domain, attrs = _OP_NODES[kind]
+    names = ["x", "b"] if "matmul" in kind else ["x"]
+    graph = helper.make_graph(
+        [helper.make_node(op, names, ["y"], domain=domain, **attrs)], f"korch_{kind}",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    opsets = [helper.make_opsetid("", 13)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    return _serialized(helper.make_model(graph, opset_imports=opsets, ir_version=8))
 
 
 _LIBRARY = torch.library.Library("korch", "FRAGMENT")
 _LIBRARY.define("ort_gemm_model(Tensor w) -> Tensor")
 _LIBRARY.impl("ort_gemm_model", _model_bytes, "CompositeExplicitAutograd")
+_LIBRARY.define("ort_op_model(str kind) -> Tensor")
+_LIBRARY.impl("ort_op_model", _op_model_bytes, "CompositeExplicitAutograd")
 
 
 def node_function(unit: int, slot: int):
     """The NodeFn of an eligible MATMUL in unit ``unit``: one output, computed by ONNX Runtime."""
     return lambda x, w: [torch.ops.korch_ort.matmul(x, w, unit, slot)]
+
+
+def batched_function(unit: int, slot: int):
+    """The NodeFn of a ``batched_eligible`` MATMUL."""
+    return lambda a, b: [torch.ops.korch_ort.batched_matmul(a, b, unit, slot)]
+
+
+def softmax_function(unit: int, slot: int):
+    """The NodeFn of a ``Softmax``: its input in, its output out."""
+    return lambda x: [torch.ops.korch_ort.softmax(x, unit, slot)]

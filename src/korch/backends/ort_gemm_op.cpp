@@ -1,5 +1,6 @@
-// korch_ort::matmul: a product by a constant weight, computed by ONNX Runtime's MLAS, called from a compiled
-// unit with no Python in between (backends/ort_gemm.py builds and loads this file).
+// korch_ort::matmul (a product by a constant weight), korch_ort::batched_matmul (a product of two activations)
+// and korch_ort::softmax, computed by ONNX Runtime's MLAS, called from a compiled unit with no Python in between
+// (backends/ort_gemm.py builds and loads this file).
 //
 // Each weight gets one-MatMul ONNX Runtime sessions with one intra-op thread each (MLAS packs the weight
 // once, when a session opens), run on torch's own threads (at::parallel_for): ONNX Runtime's thread pools
@@ -25,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -64,6 +66,12 @@ constexpr int64_t kMinRows = 16;
 struct OrtApiBase {
   const void* const* (*GetApi)(uint32_t version);
   const char* (*GetVersionString)();
+};
+
+// a contiguous float32 array ONNX Runtime reads or writes in place
+struct Array {
+  float* data;
+  std::vector<int64_t> shape;
 };
 
 class Runtime {
@@ -109,23 +117,39 @@ class Runtime {
 
   // y[rows, n] = x[rows, k] @ w, through ``session``; x and y contiguous
   void run(OrtSession* session, float* x, float* y, int64_t rows, int64_t k, int64_t n) const {
-    auto create = call<OrtStatus* (*)(const OrtMemoryInfo*, void*, size_t, const int64_t*, size_t, int, OrtValue**)>(
-        kCreateTensorWithDataAsOrtValue);
+    run(session, {{x, {rows, k}}}, {y, {rows, n}});
+  }
+
+  // output ``y`` of ``session`` (named y) at its inputs (named x, then b): contiguous float32 arrays
+  void run(OrtSession* session, const std::vector<Array>& inputs, const Array& y) const {
+    static const char* const kInputNames[] = {"x", "b"};
+    TORCH_CHECK(inputs.size() <= 2, "korch_ort: at most two inputs");
     auto release = call<void (*)(OrtValue*)>(kReleaseValue);
-    const int64_t x_shape[2] = {rows, k}, y_shape[2] = {rows, n};
-    OrtValue *input = nullptr, *output = nullptr;
-    check(create(cpu_, x, rows * k * sizeof(float), x_shape, 2, kFloat, &input));
-    std::unique_ptr<OrtValue, void (*)(OrtValue*)> owned_input(input, release);
-    check(create(cpu_, y, rows * n * sizeof(float), y_shape, 2, kFloat, &output));
+    std::vector<std::unique_ptr<OrtValue, void (*)(OrtValue*)>> owned;
+    std::vector<const OrtValue*> values;
+    for (const Array& array : inputs) {
+      owned.emplace_back(value_of(array), release);
+      values.push_back(owned.back().get());
+    }
+    OrtValue* output = value_of(y);
     std::unique_ptr<OrtValue, void (*)(OrtValue*)> owned_output(output, release);
-    const char* input_name = "x";
     const char* output_name = "y";
     check(call<OrtStatus* (*)(OrtSession*, const void*, const char* const*, const OrtValue* const*, size_t,
-                              const char* const*, size_t, OrtValue**)>(kRun)(session, nullptr, &input_name, &input,
-                                                                              1, &output_name, 1, &output));
+                              const char* const*, size_t, OrtValue**)>(kRun)(
+        session, nullptr, kInputNames, values.data(), values.size(), &output_name, 1, &output));
   }
 
  private:
+  OrtValue* value_of(const Array& array) const {
+    int64_t elements = 1;
+    for (int64_t d : array.shape) elements *= d;
+    OrtValue* value = nullptr;
+    check(call<OrtStatus* (*)(const OrtMemoryInfo*, void*, size_t, const int64_t*, size_t, int, OrtValue**)>(
+        kCreateTensorWithDataAsOrtValue)(cpu_, array.data, elements * sizeof(float), array.shape.data(),
+                                         array.shape.size(), kFloat, &value));
+    return value;
+  }
+
   void* handle_ = nullptr;
   const void* const* api_ = nullptr;
   OrtEnv* env_ = nullptr;
@@ -215,11 +239,94 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& w, int64_t unit, int64_
   return out.view(shape);
 }
 
+// the session of activation operator ``kind`` (a model korch::ort_op_model serializes) at (unit, slot)
+OrtSession* op_session(const std::string& kind, int64_t unit, int64_t slot) {
+  std::lock_guard<std::mutex> guard(lock);
+  TORCH_CHECK(runtime, "korch_ort: ONNX Runtime's library is not open (korch.backends.ort_gemm opens it)");
+  static std::map<std::tuple<int64_t, int64_t, std::string>, OrtSession*> sessions;
+  OrtSession*& session = sessions[{unit, slot, kind}];
+  if (session == nullptr) {
+    static auto model_of = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("korch::ort_op_model", "")
+                               .typed<at::Tensor(c10::string_view)>();
+    session = runtime->open(model_of.call(kind));
+  }
+  return session;
+}
+
+std::vector<int64_t> with_last(at::IntArrayRef leading, int64_t last) {
+  std::vector<int64_t> shape(leading.begin(), leading.end());
+  shape.push_back(last);
+  return shape;
+}
+
+// a @ b over equal leading (batch) axes, neither a constant. The threads split the batches, and the rows of
+// each batch where there are fewer batches than threads. A b whose last two axes are a transposed
+// contiguous array (attention's keys) is read as it lies, by FusedMatMul's transB.
+at::Tensor batched_matmul(const at::Tensor& a, const at::Tensor& b, int64_t unit, int64_t slot) {
+  TORCH_CHECK(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.dim() >= 2 &&
+                  a.dim() == b.dim() && a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2) &&
+                  a.size(-1) == b.size(-2),
+              "korch_ort::batched_matmul multiplies float32 arrays of equal batch axes, got ", a.sizes(), " and ",
+              b.sizes());
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  const bool trans_b = !b.is_contiguous() && b.transpose(-1, -2).is_contiguous();
+  at::Tensor a3 = a.reshape({-1, m, k}).contiguous();
+  at::Tensor b3 = trans_b ? b.transpose(-1, -2).reshape({-1, n, k}) : b.reshape({-1, k, n}).contiguous();
+  OrtSession* session = op_session(trans_b ? "matmul_transb" : "matmul", unit, slot);
+  const int64_t batches = a3.size(0);
+  at::Tensor out = at::empty({batches, m, n}, a.options());
+  const int64_t threads = at::get_num_threads();
+  const int64_t row_blocks =
+      batches >= threads ? 1 : std::max<int64_t>(1, std::min<int64_t>((threads + batches - 1) / batches, m / kMinRows));
+  float *a_data = a3.data_ptr<float>(), *b_data = b3.data_ptr<float>(), *y_data = out.data_ptr<float>();
+  const int64_t b_rows = trans_b ? n : k, b_columns = trans_b ? k : n;
+  at::parallel_for(0, batches * row_blocks, 1, [&](int64_t begin, int64_t end) {
+    if (row_blocks == 1) {  // whole batches, one call
+      const int64_t count = end - begin;
+      runtime->run(session, {{a_data + begin * m * k, {count, m, k}}, {b_data + begin * k * n, {count, b_rows, b_columns}}},
+                   {y_data + begin * m * n, {count, m, n}});
+      return;
+    }
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t batch = item / row_blocks, block = item % row_blocks;
+      const int64_t first = m * block / row_blocks, rows = m * (block + 1) / row_blocks - first;
+      runtime->run(session, {{a_data + (batch * m + first) * k, {1, rows, k}},
+                             {b_data + batch * k * n, {1, b_rows, b_columns}}},
+                   {y_data + (batch * m + first) * n, {1, rows, n}});
+    }
+  });
+  return out.view(with_last(a.sizes().slice(0, a.dim() - 1), n));
+}
+
+// softmax over the last axis, its rows split among the threads
+at::Tensor softmax(const at::Tensor& x, int64_t unit, int64_t slot) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1, "korch_ort::softmax takes float32, got ",
+              x.scalar_type());
+  at::Tensor rows = x.contiguous();
+  const int64_t c = x.size(-1), count = c == 0 ? 0 : rows.numel() / c;
+  at::Tensor out = at::empty_like(rows);
+  if (count == 0) return out;
+  OrtSession* session = op_session("softmax", unit, slot);
+  float *x_data = rows.data_ptr<float>(), *y_data = out.data_ptr<float>();
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count / kMinRows));
+  at::parallel_for(0, count, (count + threads - 1) / threads, [&](int64_t begin, int64_t end) {
+    runtime->run(session, {{x_data + begin * c, {end - begin, c}}}, {y_data + begin * c, {end - begin, c}});
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(korch_ort, m) {
   m.def("open_runtime(str library) -> ()", &open_runtime);
   m.def("matmul(Tensor x, Tensor w, int unit, int slot) -> Tensor");
+  m.def("batched_matmul(Tensor a, Tensor b, int unit, int slot) -> Tensor");
+  m.def("softmax(Tensor x, int unit, int slot) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(korch_ort, CPU, m) { m.impl("matmul", &matmul); }
+TORCH_LIBRARY_IMPL(korch_ort, CPU, m) {
+  m.impl("matmul", &matmul);
+  m.impl("batched_matmul", &batched_matmul);
+  m.impl("softmax", &softmax);
+}

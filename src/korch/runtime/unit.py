@@ -21,10 +21,11 @@ The weights are frozen (Inductor's ``freezing``). How they reach the vendor
 libraries is measured, not assumed: ``choose_unit`` compiles the unit in each
 of ``VARIANTS`` and keeps the fastest: packed once, at compile time, in the
 layouts oneDNN wants (its blocked convolution and GEMM weights; YOLOv4's
-convolutions want it), left to ATen's MKL call, or with every product by a
-constant weight in ONNX Runtime's MLAS (``backends/ort_gemm.py``, a C++
-operator the executable's directory carries as a library; on an AVX2 EPYC a
-BERT layer's unit runs 12-13 ms this way against 16-19 ms through ATen).
+convolutions want it), left to ATen's MKL call, or with every float32 product
+(by a constant weight, or of two activations as in attention) and every
+softmax in ONNX Runtime's MLAS (``backends/ort_gemm.py``, C++ operators the
+executable's directory carries as a library; on an AVX2 EPYC a BERT layer's
+unit runs 12-13 ms this way against 16-19 ms through ATen).
 Freezing's own rewrites (a convolution and its activation into one oneDNN
 call) may join a convolution with the pointwise kernel after it; that is the
 one place the unit runs fewer kernels than planned.
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import random
 import re
@@ -66,17 +68,19 @@ _TAG = "korch_kernel"
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """How a unit's frozen weights reach the vendor libraries: ``prepack``, packed at compile time in
-    oneDNN's layouts (else ATen's calls take them as they are); ``ort_gemms``, products with a constant
-    weight run in ONNX Runtime's MLAS (``backends/ort_gemm.py``)."""
+    oneDNN's layouts (else ATen's calls take them as they are); ``ort_kernels``, products and softmaxes run
+    in ONNX Runtime's MLAS (``backends/ort_gemm.py``)."""
 
     prepack: bool
-    ort_gemms: bool = False
+    ort_kernels: bool = False
 
 
 # the variants choose_unit compiles and times
 VARIANTS = {"packed for oneDNN": Variant(prepack=True), "as given to ATen": Variant(prepack=False),
-            "GEMMs by ONNX Runtime": Variant(prepack=True, ort_gemms=True)}
+            "MLAS by ONNX Runtime": Variant(prepack=True, ort_kernels=True)}
 CHOICE_ROUNDS = 3
+# the ONNX Runtime variant's name until its softmaxes and products of activations (2026-11-24)
+_EARLIER_ORT_VARIANT = "GEMMs by ONNX Runtime"
 
 
 def supports(graph: Graph, device: str) -> str | None:
@@ -95,7 +99,7 @@ class PlanModule(torch.nn.Module):
     With ``sizes`` (``ir/sizes.py``) it computes the graph at the size its inputs have: exported with that
     dimension dynamic, one unit serves a range of sizes (``graph`` is at the range's largest)."""
 
-    def __init__(self, graph: Graph, plan: Plan, device: str = "cpu", ort_gemms: bool = False,
+    def __init__(self, graph: Graph, plan: Plan, device: str = "cpu", ort_kernels: bool = False,
                  sizes: SizeFunctions | None = None):
         super().__init__()
         self._constant_attr = {}
@@ -103,20 +107,45 @@ class PlanModule(torch.nn.Module):
             attr = f"c{i}_{re.sub(r'[^0-9A-Za-z_]', '_', name)[:40]}"
             self.register_buffer(attr, as_torch(value).to(device), persistent=True)
             self._constant_attr[name] = attr
-        gemms = [n for n in graph.nodes if ort_gemms and ort_gemm.eligible(graph, n)]
-        if gemms:
-            ort_gemm.open_library()
-        # a key the unit's calls carry, so that sessions of two units loaded in one process never mix
-        self.token = random.getrandbits(62) if gemms else None
-        self._gemm_functions = {n.name: ort_gemm.node_function(self.token, slot) for slot, n in enumerate(gemms)}
         self._graph, self._plan, self._device, self._sizes = graph, plan, device, sizes
+        self.token, self._replaced = None, {}
+        if ort_kernels:
+            self._replace_by_ort_kernels(graph)
         self._kernels = None if sizes else self._steps(graph)
         self._inputs, self._outputs = list(graph.inputs), list(graph.outputs)
 
+    def _replace_by_ort_kernels(self, graph: Graph) -> None:
+        """Route products and softmaxes to ONNX Runtime's kernels (``backends/ort_gemm.py``): ``_replaced``
+        maps a primitive to the step that replaces it (None: a softmax part that its last part computes)."""
+        nodes = {node.name: node for node in graph.nodes}
+        # a key the unit's calls carry, so that sessions of two units loaded in one process never mix
+        self.token = random.getrandbits(62)
+        slots = itertools.count()
+        for node in graph.nodes:
+            if ort_gemm.eligible(graph, node):
+                self._replaced[node.name] = (ort_gemm.node_function(self.token, next(slots)), node.inputs)
+            elif ort_gemm.batched_eligible(graph, node):
+                self._replaced[node.name] = (ort_gemm.batched_function(self.token, next(slots)), node.inputs)
+        for kernel in self._plan.kernels:
+            for softmax in ort_gemm.softmaxes(graph, [nodes[n] for n in kernel.nodes]):
+                self._replaced.update(dict.fromkeys(softmax.parts))
+                last = next(n for n in softmax.parts if nodes[n].output == softmax.output)
+                self._replaced[last] = (ort_gemm.softmax_function(self.token, next(slots)), (softmax.input,))
+        if self._replaced:
+            ort_gemm.open_library()
+        else:
+            self.token = None
+
     def _steps(self, graph: Graph) -> list:
         nodes = {node.name: node for node in graph.nodes}
-        return [[(self._gemm_functions.get(n) or node_function(graph, nodes[n], self._device), nodes[n].inputs,
-                  nodes[n].outputs) for n in k.nodes] for k in self._plan.kernels]
+
+        def step(name: str):
+            fn, inputs = self._replaced.get(name) or (node_function(graph, nodes[name], self._device),
+                                                      nodes[name].inputs)
+            return fn, inputs, nodes[name].outputs
+
+        return [[step(n) for n in k.nodes if n not in self._replaced or self._replaced[n]]
+                for k in self._plan.kernels]
 
     def _constants(self, graph: Graph) -> dict[str, torch.Tensor]:
         env = {name: getattr(self, attr) for name, attr in self._constant_attr.items()}
@@ -221,7 +250,7 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
     if reason:
         raise KorchError(f"no compiled unit: {reason}")
     dynamic = size_range.dynamic_shapes(graph) if size_range else None
-    module = PlanModule(graph, plan, device, variant.ort_gemms, size_range.sizes if dynamic else None).eval()
+    module = PlanModule(graph, plan, device, variant.ort_kernels, size_range.sizes if dynamic else None).eval()
     inputs = example_inputs(graph, device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside export and AOTInductor
@@ -248,7 +277,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
 
     built, errors = {}, []
     for name, variant in VARIANTS.items():
-        if variant.ort_gemms and not any(ort_gemm.eligible(graph, node) for node in graph.nodes):
+        if variant.ort_kernels and not ort_gemm.any_eligible(graph):
             continue  # nothing for ONNX Runtime to run
         try:
             data = compile_unit(graph, plan, device, variant, size_range)
@@ -269,7 +298,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     seconds = {name: float(np.median(m)) for name, m in medians.items() if m}
     best = min(seconds, key=seconds.get) if seconds else next(iter(built))
     choice = {"weights": best, "measured_ms": {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}}
-    if VARIANTS[best].ort_gemms:
+    if VARIANTS[best].ort_kernels:
         choice["libraries"] = [ort_gemm.LIBRARY_FILE]
     return built[best][0], choice
 
@@ -293,7 +322,8 @@ def check_compatible(recorded: dict, where: str) -> None:
             raise KorchError(f"{where}: its compiled unit was built for {what} {recorded.get(key)}, this machine "
                              f"has {here[key]}: run korch optimize again here")
     variant = VARIANTS.get(recorded.get("weights"))
-    if variant is not None and variant.ort_gemms and not recorded.get("libraries"):
+    calls_ort = recorded.get("weights") == _EARLIER_ORT_VARIANT or (variant is not None and variant.ort_kernels)
+    if calls_ort and not recorded.get("libraries"):
         # units of korch before 2026-11-24 called a Python operator (korch::ort_matmul) that is gone
         raise KorchError(f"{where}: its compiled unit calls an ONNX Runtime GEMM operator of an earlier korch: "
                          "run korch optimize again")

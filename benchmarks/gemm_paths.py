@@ -102,7 +102,7 @@ def main(argv=None) -> int:
             "MKL packed": lambda: torch.ops.mkl._mkl_linear(x, packed_mkl, w_t, None, m),
             "Inductor C++ template": lambda: template(x),
             "onnxruntime": lambda: session.run(None, {"x": x_np}),
-            "korch_ort::matmul": lambda: torch.ops.korch_ort.matmul(x, w, 0, slot),
+            "korch_ort::matmul": lambda: ort_gemm.ops().matmul(x, w, 0, slot),
         }
         seconds = {name: [] for name in paths}
         with torch.inference_mode():

@@ -46,7 +46,7 @@ def test_products_match_onnx_runtime(shape, columns, threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        got = torch.ops.korch_ort.matmul(torch.from_numpy(x), torch.from_numpy(w), 1, _slot())
+        got = ort_gemm.ops().matmul(torch.from_numpy(x), torch.from_numpy(w), 1, _slot())
     finally:
         torch.set_num_threads(before)
     assert got.shape == (*shape[:-1], columns)
@@ -55,9 +55,9 @@ def test_products_match_onnx_runtime(shape, columns, threads):
 
 def test_a_slot_keeps_the_weight_it_was_opened_for():
     slot = _slot()
-    torch.ops.korch_ort.matmul(torch.ones(2, 4), torch.ones(4, 3), 7, slot)
+    ort_gemm.ops().matmul(torch.ones(2, 4), torch.ones(4, 3), 7, slot)
     with pytest.raises(RuntimeError, match="opened for a 4x3 weight, called with 5x3"):
-        torch.ops.korch_ort.matmul(torch.ones(2, 5), torch.ones(5, 3), 7, slot)
+        ort_gemm.ops().matmul(torch.ones(2, 5), torch.ones(5, 3), 7, slot)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_a_large_weight_in_column_blocks_in_inference_mode(rows):
     try:
         x, w = torch.randn(rows, 1024), torch.randn(1024, 1030)  # 4.2 MB: blocks of 515 columns
         with torch.inference_mode():
-            got = torch.ops.korch_ort.matmul(x, w, 2, _slot())
+            got = ort_gemm.ops().matmul(x, w, 2, _slot())
     finally:
         torch.set_num_threads(before)
     torch.testing.assert_close(got, x @ w, rtol=1e-4, atol=1e-3)
@@ -155,13 +155,13 @@ def test_batched_products_match_onnx_runtime(batch, rows, transposed_b, threads)
     b_torch = torch.from_numpy(np.ascontiguousarray(np.swapaxes(b, -1, -2))).transpose(-1, -2) if transposed_b \
         else torch.from_numpy(b)
     assert b_torch.is_contiguous() is not transposed_b
-    got = _with_threads(threads, lambda: torch.ops.korch_ort.batched_matmul(torch.from_numpy(a), b_torch, 1, _slot()))
+    got = _with_threads(threads, lambda: ort_gemm.ops().batched_matmul(torch.from_numpy(a), b_torch, 1, _slot()))
     np.testing.assert_allclose(got.numpy(), run_model(model, {"a": a, "b": b})["y"], rtol=1e-5, atol=1e-5)
 
 
 def test_batched_products_need_equal_batch_axes():
     with pytest.raises(RuntimeError, match="equal batch axes"):
-        torch.ops.korch_ort.batched_matmul(torch.ones(2, 3, 4), torch.ones(1, 4, 5), 1, _slot())
+        ort_gemm.ops().batched_matmul(torch.ones(2, 3, 4), torch.ones(1, 4, 5), 1, _slot())
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -172,7 +172,7 @@ def test_softmax_matches_onnx_runtime(shape, threads):
         [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "softmax",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)]), opset_imports=[helper.make_opsetid("", 13)])
-    got = _with_threads(threads, lambda: torch.ops.korch_ort.softmax(torch.from_numpy(x), 1, _slot()))
+    got = _with_threads(threads, lambda: ort_gemm.ops().softmax(torch.from_numpy(x), 1, _slot()))
     np.testing.assert_allclose(got.numpy(), run_model(model, {"x": x})["y"], rtol=1e-6, atol=1e-7)
 
 
@@ -218,7 +218,57 @@ def test_attention_runs_in_onnx_runtimes_kernels(tmp_path):
                           compiled_unit=True)
         module = unit.PlanModule(result.graph, result.plan, ort_kernels=True)
         module_steps = module._replaced
-    kinds = sorted(fn.__qualname__.split(".")[0] for fn, _ in filter(None, module_steps.values()))
+    kinds = sorted(fn.__qualname__.split(".")[0] for fn, *_ in filter(None, module_steps.values()))
     assert kinds == ["batched_function", "batched_function", "softmax_function"]
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["unit"]["weights"] == "MLAS by ONNX Runtime" and manifest["check"]["ok"]
+
+
+def _sibling_products_model():
+    """x @ wq, x @ wk, x @ wv (attention's projections, of different widths), each plus one, as three outputs."""
+    rng = np.random.default_rng(5)
+    widths = {"q": 8, "k": 8, "v": 12}
+    nodes, outputs, weights = [], [], []
+    for name, width in widths.items():
+        nodes += [helper.make_node("MatMul", ["x", f"w{name}"], [f"m{name}"]),
+                  helper.make_node("Add", [f"m{name}", "one"], [name])]
+        outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, (3, 5, width)))
+        weights.append(onnx.numpy_helper.from_array(rng.standard_normal((16, width)).astype(np.float32), f"w{name}"))
+    graph = helper.make_graph(nodes, "siblings", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (3, 5, 16))],
+                              outputs, [*weights, onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_products_of_one_activation_run_as_one(tmp_path):
+    """Products of one activation by three weights are one MLAS call by the weights side by side, computed
+    where the first is planned; each output is its block of columns, as ONNX Runtime computes them."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(unit, "VARIANTS", {"MLAS by ONNX Runtime": unit.VARIANTS["MLAS by ONNX Runtime"]})
+        result = optimize(_sibling_products_model(), target="cpu", cost="roofline", output=tmp_path / "out",
+                          compiled_unit=True)
+        module = unit.PlanModule(result.graph, result.plan, ort_kernels=True)
+    steps = [step for step in module._replaced.values() if step]
+    assert len(module._replaced) == 3 and len(steps) == 1
+    (fn, inputs, outputs), = steps
+    assert fn.__qualname__.startswith("siblings_function") and len(outputs) == 3
+    x = torch.randn(3, 5, 16)
+    got = module(x)
+    want = run_model(_sibling_products_model(), {"x": x.numpy()})
+    for name, value in zip(result.graph.outputs, got):
+        np.testing.assert_allclose(value.numpy(), want[name], rtol=1e-5, atol=1e-5)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["check"]["ok"] and manifest["unit"]["libraries"] == [ort_gemm.LIBRARY_FILE]
+
+
+def test_operator_libraries_of_two_versions_load_in_one_process(tmp_path):
+    """A library registers its operators under a namespace named after their source (its file is named so in an
+    executable), so the library of another version of the operators loads beside this korch's and both run."""
+    from korch.backends import native
+
+    assert ort_gemm.LIBRARY_FILE == f"{ort_gemm.NAMESPACE}.so" and ort_gemm.NAMESPACE != "korch_ort"
+    other = tmp_path / "korch_ort_other.so"
+    other.write_bytes(native.build(ort_gemm._SOURCE, "korch_ort_other").read_bytes())
+    ort_gemm.open_library(other)
+    x, w = torch.randn(3, 8), torch.randn(8, 5)
+    for namespace in ("korch_ort_other", ort_gemm.NAMESPACE):
+        torch.testing.assert_close(ort_gemm.ops(namespace).matmul(x, w, 11, _slot()), x @ w)

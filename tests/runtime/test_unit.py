@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from korch import config, precision
+from korch.backends import ort_gemm
 from korch.pipeline import optimize
 from korch.runtime import unit
 from tests.runtime.test_executable import _two_output_model, opaque_model
@@ -212,7 +213,8 @@ def test_the_unit_is_the_fastest_of_its_weight_variants(monkeypatch):
     measured = choice["measured_ms"]
     assert set(measured) == set(unit.VARIANTS) and all(ms > 0 for ms in measured.values())
     assert measured[choice["weights"]] == min(measured.values())
-    assert choice.get("libraries", []) == (["korch_ort.so"] if choice["weights"] == "MLAS by ONNX Runtime" else [])
+    expected = [ort_gemm.LIBRARY_FILE] if choice["weights"] == "MLAS by ONNX Runtime" else []
+    assert choice.get("libraries", []) == expected
     x = torch.randn(4, 16)
     np.testing.assert_allclose(unit.CompiledUnit.from_bytes(data)(x)[0].numpy(),
                                torch.relu(x @ torch.from_numpy(weight)).numpy(), rtol=1e-5, atol=1e-6)

@@ -39,10 +39,12 @@ def _libraries() -> list[str]:
     return [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ldl"]
 
 
-def build(source: Path) -> Path:
-    """The shared library compiled from ``source`` (C++), from korch's cache when built before."""
+def build(source: Path, namespace: str) -> Path:
+    """The shared library compiled from ``source`` (C++), its operators in ``namespace`` (the source's
+    ``KORCH_NAMESPACE``), from korch's cache when built before."""
     compiler = os.environ.get("CXX", "g++")
-    key = hashlib.sha256(source.read_bytes() + f"{torch.__version__} {compiler} {_flags()}".encode()).hexdigest()
+    flags = [*_flags(), f"-DKORCH_NAMESPACE={namespace}"]
+    key = hashlib.sha256(source.read_bytes() + f"{torch.__version__} {compiler} {flags}".encode()).hexdigest()
     target = config.cache_dir / "native" / f"{source.stem}-{key[:16]}.so"
     if target.is_file():
         return target
@@ -52,7 +54,7 @@ def build(source: Path) -> Path:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *_flags(), str(source), "-o", tmp, *_libraries()], capture_output=True,
+        done = subprocess.run([compiler, *flags, str(source), "-o", tmp, *_libraries()], capture_output=True,
                               text=True)
         if done.returncode != 0:
             raise KorchError(f"building {source.name} failed: {done.stderr.strip().splitlines()[-1:]}")

@@ -1,4 +1,4 @@
-"""ONNX Runtime's MLAS kernels as operators a compiled unit calls: ``torch.ops.korch_ort.matmul`` (an
+"""ONNX Runtime's MLAS kernels as operators a compiled unit calls: ``ops().matmul`` (an
 activation by a constant weight), ``batched_matmul`` (two activations, attention's products) and
 ``softmax`` (over the last axis).
 
@@ -23,6 +23,7 @@ kernel.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,10 +34,17 @@ from korch.backends import native
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import Op
 
-# the operator library's name in an executable's directory
-LIBRARY_FILE = "korch_ort.so"
-_NAMESPACE = "korch_ort"
 _SOURCE = Path(__file__).with_name("ort_gemm_op.cpp")
+# The operators' namespace names the source that defines them: executables of two korch versions, each
+# carrying its own library, run side by side in one process (torch allows one library per namespace).
+NAMESPACE = "korch_ort_" + hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+# the operator library's name in an executable's directory: its namespace (``korch_ort`` before 2026-11-24)
+LIBRARY_FILE = f"{NAMESPACE}.so"
+
+
+def ops(namespace: str = NAMESPACE):
+    """The operators of ``namespace`` (this korch's by default), ``ops().matmul(...)``."""
+    return getattr(torch.ops, namespace)
 
 
 def eligible(graph: Graph, node: Node) -> bool:
@@ -105,25 +113,27 @@ def any_eligible(graph: Graph) -> bool:
 
 def library() -> Path:
     """The operator library for this torch, built on first use (see ``native.build``)."""
-    return native.build(_SOURCE)
+    return native.build(_SOURCE, NAMESPACE)
 
 
 def open_library(path: Path | None = None) -> None:
-    """Make ``torch.ops.korch_ort.matmul`` callable in this process, from ``path`` (an executable's copy) or
+    """Make the operators callable in this process, from ``path`` (an executable's copy, named by its namespace) or
     the library built here."""
-    if not native.load(_NAMESPACE, path or library()):
+    namespace = NAMESPACE if path is None else Path(path).stem
+    if not native.load(namespace, path or library()):
         return
     import onnxruntime
 
     runtime = sorted(Path(onnxruntime.__file__).parent.glob("capi/libonnxruntime.so*"))
     if not runtime:
         raise FileNotFoundError(f"no libonnxruntime.so in {Path(onnxruntime.__file__).parent / 'capi'}")
-    torch.ops.korch_ort.open_runtime(str(runtime[0]))
-    torch.library.register_fake("korch_ort::matmul",
-                                lambda x, w, unit, slot: x.new_empty(*x.shape[:-1], w.shape[1]))
-    torch.library.register_fake("korch_ort::batched_matmul",
-                                lambda a, b, unit, slot: a.new_empty(*a.shape[:-1], b.shape[-1]))
-    torch.library.register_fake("korch_ort::softmax", lambda x, unit, slot: x.new_empty(x.shape))
+    ops(namespace).open_runtime(str(runtime[0]))
+    fakes = {"matmul": lambda x, w, unit, slot: x.new_empty(*x.shape[:-1], w.shape[1]),
+             "batched_matmul": lambda a, b, unit, slot: a.new_empty(*a.shape[:-1], b.shape[-1]),
+             "softmax": lambda x, unit, slot: x.new_empty(x.shape)}
+    for name, fake in fakes.items():
+        if hasattr(ops(namespace), name):  # an executable of an earlier korch carries fewer operators
+            torch.library.register_fake(f"{namespace}::{name}", fake)
 
 
 def _model_bytes(w: torch.Tensor) -> torch.Tensor:
@@ -174,14 +184,20 @@ _LIBRARY.impl("ort_op_model", _op_model_bytes, "CompositeExplicitAutograd")
 
 def node_function(unit: int, slot: int):
     """The NodeFn of an eligible MATMUL in unit ``unit``: one output, computed by ONNX Runtime."""
-    return lambda x, w: [torch.ops.korch_ort.matmul(x, w, unit, slot)]
+    return lambda x, w: [ops().matmul(x, w, unit, slot)]
+
+
+def siblings_function(unit: int, slot: int, widths: Sequence[int]):
+    """The NodeFn of eligible MATMULs of one activation by weights side by side (of ``widths`` columns): one
+    product, its column blocks the outputs."""
+    return lambda x, w: list(ops().matmul(x, w, unit, slot).split(list(widths), dim=-1))
 
 
 def batched_function(unit: int, slot: int):
     """The NodeFn of a ``batched_eligible`` MATMUL."""
-    return lambda a, b: [torch.ops.korch_ort.batched_matmul(a, b, unit, slot)]
+    return lambda a, b: [ops().batched_matmul(a, b, unit, slot)]
 
 
 def softmax_function(unit: int, slot: int):
     """The NodeFn of a ``Softmax``: its input in, its output out."""
-    return lambda x: [torch.ops.korch_ort.softmax(x, unit, slot)]
+    return lambda x: [ops().softmax(x, unit, slot)]

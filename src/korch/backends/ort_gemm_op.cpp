@@ -284,7 +284,8 @@ at::Tensor batched_matmul(const at::Tensor& a, const at::Tensor& b, int64_t unit
   at::parallel_for(0, batches * row_blocks, 1, [&](int64_t begin, int64_t end) {
     if (row_blocks == 1) {  // whole batches, one call
       const int64_t count = end - begin;
-      runtime->run(session, {{a_data + begin * m * k, {count, m, k}}, {b_data + begin * k * n, {count, b_rows, b_columns}}},
+      runtime->run(session,
+                   {{a_data + begin * m * k, {count, m, k}}, {b_data + begin * k * n, {count, b_rows, b_columns}}},
                    {y_data + begin * m * n, {count, m, n}});
       return;
     }
@@ -318,14 +319,22 @@ at::Tensor softmax(const at::Tensor& x, int64_t unit, int64_t slot) {
 
 }  // namespace
 
-TORCH_LIBRARY(korch_ort, m) {
+// native.py names the namespace after this source (one library per namespace and process)
+#ifndef KORCH_NAMESPACE
+#define KORCH_NAMESPACE korch_ort
+#endif
+// one more macro level, so that KORCH_NAMESPACE expands before TORCH_LIBRARY pastes it
+#define KORCH_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+#define KORCH_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
+
+KORCH_LIBRARY(KORCH_NAMESPACE, m) {
   m.def("open_runtime(str library) -> ()", &open_runtime);
   m.def("matmul(Tensor x, Tensor w, int unit, int slot) -> Tensor");
   m.def("batched_matmul(Tensor a, Tensor b, int unit, int slot) -> Tensor");
   m.def("softmax(Tensor x, int unit, int slot) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(korch_ort, CPU, m) {
+KORCH_LIBRARY_IMPL(KORCH_NAMESPACE, CPU, m) {
   m.impl("matmul", &matmul);
   m.impl("batched_matmul", &batched_matmul);
   m.impl("softmax", &softmax);

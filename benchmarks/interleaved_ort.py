@@ -1,0 +1,87 @@
+"""korch's executables against ONNX Runtime, interleaved in rounds in one process: ratios a slow spell of a
+shared machine cannot bias.
+
+``korch bench`` (and so ``zoo_bench.py``) times each system in one block; on a shared host a slow spell can
+fall on one system's block and move a ratio by 10% or more. Here each round times every system for a few
+calls in turn (korch's executables, then ONNX Runtime with the same thread count and all graph
+optimisations), and a system's latency is the median of its rounds' medians.
+
+    python benchmarks/interleaved_ort.py OUTDIR... --out benchmarks/results/interleaved_ort_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def round_median_s(fn, calls: int) -> float:
+    samples = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
+
+
+def compare(outdir: Path, rounds: int, calls: int) -> dict:
+    """Median latency of the executable in ``outdir`` and of ONNX Runtime on its reference model, in turns."""
+    import onnxruntime
+    import torch
+
+    import korch
+    from korch.runtime.selfcheck import seeded_inputs
+
+    executable = korch.load(outdir)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    session = onnxruntime.InferenceSession(str(outdir / "reference.onnx"), options,
+                                           providers=["CPUExecutionProvider"])
+    feed = seeded_inputs(executable.input_specs)
+    inputs = [torch.from_numpy(feed[name]) for name in executable.input_specs]
+    systems = {"korch": lambda: executable(*inputs), "onnxruntime": lambda: session.run(None, feed)}
+    medians = {name: [] for name in systems}
+    with torch.inference_mode():
+        for fn in systems.values():
+            round_median_s(fn, calls)  # warm-up
+        for _ in range(rounds):
+            for name, fn in systems.items():
+                medians[name].append(round_median_s(fn, calls))
+    korch_s, ort_s = (float(np.median(medians[name])) for name in systems)
+    return {"korch_ms": round(korch_s * 1e3, 3), "onnxruntime_ms": round(ort_s * 1e3, 3),
+            "onnxruntime_over_korch": round(ort_s / korch_s, 3)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("outdirs", nargs="+", type=Path)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=15, help="timed calls per system and round")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    import korch  # noqa: F401  (before torch: korch settles OpenMP's waiting)
+    from korch import bench
+
+    rows = []
+    for outdir in args.outdirs:
+        plan = json.loads((outdir / "plan.json").read_text())
+        manifest = json.loads((outdir / "manifest.json").read_text())
+        row = {"model": plan["model"], "cost_model": plan["cost_model"],
+               "unit_weights": manifest.get("unit", {}).get("weights"), **compare(outdir, args.rounds, args.calls)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    bench.write_record(bench.record("korch against ONNX Runtime, interleaved", "benchmarks/interleaved_ort.py",
+                                    argv, rows=rows), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -272,3 +272,38 @@ def test_operator_libraries_of_two_versions_load_in_one_process(tmp_path):
     x, w = torch.randn(3, 8), torch.randn(8, 5)
     for namespace in ("korch_ort_other", ort_gemm.NAMESPACE):
         torch.testing.assert_close(ort_gemm.ops(namespace).matmul(x, w, 11, _slot()), x @ w)
+
+
+def _conv1d_model(pads, stride, dilation, batch=1):
+    w = np.random.default_rng(sum(pads) + stride).standard_normal((6, 5, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=list(pads), strides=[stride], dilations=[dilation]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (batch, 5, 20))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [onnx.numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("pads, stride, dilation, batch", [((1, 1), 1, 1, 1), ((1, 1), 2, 1, 1), ((0, 2), 1, 2, 2),
+                                                           ((0, 0), 3, 1, 3)])
+def test_one_dimensional_convolutions_are_products_of_their_windows(pads, stride, dilation, batch):
+    """A 1-D convolution by a constant weight runs as its windows times the weight in MLAS, as ONNX Runtime
+    computes it, whatever its padding, stride, dilation and batch."""
+    model = _conv1d_model(pads, stride, dilation, batch)
+    result = optimize(model, target="cpu", cost="roofline")
+    module = unit.PlanModule(result.graph, result.plan, ort_kernels=True)
+    (fn, *_), = [step for step in module._replaced.values() if step]
+    assert fn.__qualname__.startswith("conv1d_function")
+    x = np.random.default_rng(batch).standard_normal((batch, 5, 20)).astype(np.float32)
+    with torch.inference_mode():
+        got = module(torch.from_numpy(x))[0]
+    np.testing.assert_allclose(got.numpy(), run_model(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_unit_with_a_one_dimensional_convolution_matches_onnx_runtime(tmp_path):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(unit, "VARIANTS", {"MLAS by ONNX Runtime": unit.VARIANTS["MLAS by ONNX Runtime"]})
+        optimize(_conv1d_model((1, 1), 2, 1), target="cpu", cost="roofline", output=tmp_path / "out",
+                 compiled_unit=True)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["unit"]["weights"] == "MLAS by ONNX Runtime" and manifest["check"]["ok"]

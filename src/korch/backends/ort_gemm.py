@@ -32,6 +32,7 @@ import torch
 
 from korch.backends import native
 from korch.ir.graph import Graph, Node
+from korch.ir.interpret import pad_spatial, windows
 from korch.ir.ops import Op
 
 _SOURCE = Path(__file__).with_name("ort_gemm_op.cpp")
@@ -55,6 +56,21 @@ def eligible(graph: Graph, node: Node) -> bool:
     if weight is None or node.inputs[0] in graph.constants:
         return False
     return weight.ndim == 2 and weight.dtype == np.float32 and graph.tensor(node.inputs[0]).dtype == "float32"
+
+
+def conv1d_eligible(graph: Graph, node: Node) -> bool:
+    """A float32 1-D convolution of one group, of an activation by a constant weight (Whisper's front end): a
+    product of its windows by the weight (``conv1d_function``)."""
+    if node.op is not Op.CONV or len(node.inputs) != 2 or node.attrs["group"] != 1:
+        return False
+    weight = graph.constants.get(node.inputs[1])
+    return (weight is not None and weight.ndim == 3 and weight.dtype == np.float32
+            and graph.tensor(node.inputs[0]).dtype == "float32" and node.inputs[0] not in graph.constants)
+
+
+def conv1d_columns(weight: np.ndarray) -> np.ndarray:
+    """A 1-D convolution's (C_out, C_in, k) weight as the (C_in * k, C_out) matrix its windows multiply."""
+    return np.ascontiguousarray(weight.reshape(weight.shape[0], -1).T)
 
 
 def batched_eligible(graph: Graph, node: Node) -> bool:
@@ -106,9 +122,9 @@ def softmaxes(graph: Graph, nodes: Sequence[Node]) -> list[Softmax]:
 
 
 def any_eligible(graph: Graph) -> bool:
-    """Whether ``graph`` has a product or a softmax that ONNX Runtime could run."""
-    return any(eligible(graph, n) or batched_eligible(graph, n) for n in graph.nodes) or bool(
-        softmaxes(graph, graph.nodes))
+    """Whether ``graph`` has a product, a 1-D convolution or a softmax that ONNX Runtime could run."""
+    return any(eligible(graph, n) or batched_eligible(graph, n) or conv1d_eligible(graph, n)
+               for n in graph.nodes) or bool(softmaxes(graph, graph.nodes))
 
 
 def library() -> Path:
@@ -191,6 +207,17 @@ def siblings_function(unit: int, slot: int, widths: Sequence[int]):
     """The NodeFn of eligible MATMULs of one activation by weights side by side (of ``widths`` columns): one
     product, its column blocks the outputs."""
     return lambda x, w: list(ops().matmul(x, w, unit, slot).split(list(widths), dim=-1))
+
+
+def conv1d_function(unit: int, slot: int, node: Node, kernel: int):
+    """The NodeFn of a ``conv1d_eligible`` CONV of ``kernel`` taps, given its weight as ``conv1d_columns``:
+    the windows (N, L_out, C_in * k), times the weight in MLAS, seen as (N, C_out, L_out)."""
+    a = node.attrs
+
+    def run(x, columns):
+        taps = windows(pad_spatial(x, a["pads"], 0.0), (kernel,), a["strides"], a["dilations"])
+        return [ops().matmul(taps.permute(0, 2, 1, 3).flatten(2), columns, unit, slot).transpose(1, 2)]
+    return run
 
 
 def batched_function(unit: int, slot: int):

@@ -106,7 +106,7 @@ def _lowest(dtype: torch.dtype) -> float:
     return -float("inf") if dtype.is_floating_point else torch.iinfo(dtype).min
 
 
-def _windows(x: torch.Tensor, kernel, strides, dilations) -> torch.Tensor:
+def windows(x: torch.Tensor, kernel, strides, dilations) -> torch.Tensor:
     """View of every pooling window: shape (N, C, *out_spatial, *kernel)."""
     k = len(kernel)
     for i in range(k):
@@ -129,9 +129,9 @@ def pad_spatial(x: torch.Tensor, pads: Sequence[int], value: float) -> torch.Ten
 @_register(Op.MAX_POOL)
 def _max_pool(node, x):
     a = node.attrs
-    windows = _windows(pad_spatial(x, a["pads"], _lowest(x.dtype)), a["kernel"], a["strides"], a["dilations"])
+    views = windows(pad_spatial(x, a["pads"], _lowest(x.dtype)), a["kernel"], a["strides"], a["dilations"])
     k = len(a["kernel"])
-    return torch.amax(windows, dim=tuple(range(-k, 0)))
+    return torch.amax(views, dim=tuple(range(-k, 0)))
 
 
 @_register(Op.AVG_POOL)
@@ -139,12 +139,13 @@ def _avg_pool(node, x):
     a = node.attrs
     k = len(a["kernel"])
     dims = tuple(range(-k, 0))
-    total = torch.sum(_windows(pad_spatial(x, a["pads"], 0.0), a["kernel"], a["strides"], a["dilations"]), dim=dims)
+    total = torch.sum(windows(pad_spatial(x, a["pads"], 0.0), a["kernel"], a["strides"], a["dilations"]), dim=dims)
     if a["count_include_pad"]:
         count = float(np.prod(a["kernel"]))
     else:
         ones = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=x.dtype)
-        count = torch.sum(_windows(pad_spatial(ones, a["pads"], 0.0), a["kernel"], a["strides"], a["dilations"]), dim=dims)
+        count = torch.sum(windows(pad_spatial(ones, a["pads"], 0.0), a["kernel"], a["strides"], a["dilations"]),
+                          dim=dims)
     return (total / count).to(x.dtype)
 
 

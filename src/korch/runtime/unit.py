@@ -129,6 +129,11 @@ class PlanModule(torch.nn.Module):
             if ort_gemm.batched_eligible(graph, node):
                 self._replaced[node.name] = (ort_gemm.batched_function(self.token, next(slots)), node.inputs,
                                              node.outputs)
+            elif ort_gemm.conv1d_eligible(graph, node):
+                weight = graph.constants[node.inputs[1]]
+                columns = self._add_constant(f"{node.name}/columns", ort_gemm.conv1d_columns(weight))
+                self._replaced[node.name] = (ort_gemm.conv1d_function(self.token, next(slots), node, weight.shape[2]),
+                                             (node.inputs[0], columns), node.outputs)
         for kernel in self._plan.kernels:
             for softmax in ort_gemm.softmaxes(graph, [nodes[n] for n in kernel.nodes]):
                 self._replaced.update(dict.fromkeys(softmax.parts))
@@ -157,14 +162,19 @@ class PlanModule(torch.nn.Module):
         if len(siblings) == 1:
             self._replaced[first.name] = (ort_gemm.node_function(self.token, slot), first.inputs, first.outputs)
             return
-        weight = f"{first.name}/siblings"
-        self.register_buffer(f"s{slot}_siblings", torch.from_numpy(np.concatenate(
-            [graph.constants[n.inputs[1]] for n in siblings], axis=1)).to(self._device), persistent=True)
-        self._constant_attr[weight] = f"s{slot}_siblings"
+        weight = self._add_constant(f"{first.name}/siblings",
+                                    np.concatenate([graph.constants[n.inputs[1]] for n in siblings], axis=1))
         self._replaced.update(dict.fromkeys(n.name for n in siblings[1:]))
         self._replaced[first.name] = (
             ort_gemm.siblings_function(self.token, slot, [graph.tensor(n.output).shape[-1] for n in siblings]),
             (first.inputs[0], weight), tuple(n.output for n in siblings))
+
+    def _add_constant(self, name: str, value: np.ndarray) -> str:
+        """A constant the unit's own steps read (a weight laid out for MLAS), as ``name``."""
+        attr = f"k{len(self._constant_attr)}_{re.sub(r'[^0-9A-Za-z_]', '_', name)[:40]}"
+        self.register_buffer(attr, torch.from_numpy(value).to(self._device), persistent=True)
+        self._constant_attr[name] = attr
+        return name
 
     def _steps(self, graph: Graph) -> list:
         nodes = {node.name: node for node in graph.nodes}
@@ -314,7 +324,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         except Exception as exc:  # Inductor's failures are many: the other variant may compile
             errors.append(exc)
     if not built:
-        raise errors[0]
+        raise errors[0] if errors else KorchError("no compiled unit: no variant applies to this graph")
     inputs = example_inputs(graph, device)
 
     def median_s(name: str, round_: int) -> float:

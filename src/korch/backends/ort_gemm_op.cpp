@@ -201,6 +201,13 @@ const Gemm& gemm_for(const at::Tensor& w, int64_t unit, int64_t slot, int64_t ro
   return found->second;
 }
 
+// ``leading`` sizes, then ``last``
+std::vector<int64_t> with_last(at::IntArrayRef leading, int64_t last) {
+  std::vector<int64_t> shape(leading.begin(), leading.end());
+  shape.push_back(last);
+  return shape;
+}
+
 at::Tensor matmul(const at::Tensor& x, const at::Tensor& w, int64_t unit, int64_t slot) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && w.dim() == 2,
               "korch_ort::matmul multiplies float32 rows by a float32 matrix");
@@ -234,9 +241,7 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& w, int64_t unit, int64_
       }
     });
   }
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
-  shape.push_back(n);
-  return out.view(shape);
+  return out.view(with_last(x.sizes().slice(0, x.dim() - 1), n));
 }
 
 // the session of activation operator ``kind`` (a model korch::ort_op_model serializes) at (unit, slot)
@@ -252,12 +257,6 @@ OrtSession* op_session(const std::string& kind, int64_t unit, int64_t slot) {
     session = runtime->open(model_of.call(kind));
   }
   return session;
-}
-
-std::vector<int64_t> with_last(at::IntArrayRef leading, int64_t last) {
-  std::vector<int64_t> shape(leading.begin(), leading.end());
-  shape.push_back(last);
-  return shape;
 }
 
 // a @ b over equal leading (batch) axes, neither a constant. The threads split the batches, and the rows of

@@ -134,8 +134,9 @@ class PlanModule(torch.nn.Module):
                 columns = self._add_constant(f"{node.name}/columns", ort_gemm.conv1d_columns(weight))
                 self._replaced[node.name] = (ort_gemm.conv1d_function(self.token, next(slots), node, weight.shape[2]),
                                              (node.inputs[0], columns), node.outputs)
-        for kernel in self._plan.kernels:
-            for softmax in ort_gemm.softmaxes(graph, [nodes[n] for n in kernel.nodes]):
+        kernel_of = {name: i for i, kernel in enumerate(self._plan.kernels) for name in kernel.nodes}
+        for softmax in ort_gemm.softmaxes(graph, graph.nodes):
+            if len({kernel_of[name] for name in softmax.parts}) == 1:  # its parts in one planned kernel
                 self._replaced.update(dict.fromkeys(softmax.parts))
                 last = next(n for n in softmax.parts if nodes[n].output == softmax.output)
                 self._replaced[last] = (ort_gemm.softmax_function(self.token, next(slots)), (softmax.input,),

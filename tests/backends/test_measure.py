@@ -68,7 +68,7 @@ def test_measured_plan_then_database_hit(tmp_path):
     assert all(k.measured and k.backend in ("inductor", "library") for k in first.plan.kernels)
     assert all(k.cost_s >= k.bound_s for k in first.plan.kernels)
     rows = ProfileDB(db).stats()["rows"]
-    assert rows == m["kernels_measured"] + 2  # and the calling cost of each CPU backend (inductor, library)
+    assert rows == m["kernels_measured"] + len(m["backends"])  # and the calling cost of each CPU backend
 
     second = optimize(_model(), target="cpu", cost="measured", db=db, jobs=1, max_kernel_nodes=3)
     m2 = second.plan.stats["measurement"]

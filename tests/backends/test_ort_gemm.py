@@ -53,6 +53,69 @@ def test_products_match_onnx_runtime(shape, columns, threads):
     np.testing.assert_allclose(got.numpy(), run_model(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("blocks", [1, 2, 3])
+def test_products_in_column_blocks_lie_side_by_side(blocks):
+    """``matmul_blocks`` leaves block b of x @ w (its b-th share of the columns) at [b]: seen as (rows, columns),
+    ONNX Runtime's product."""
+    rng = np.random.default_rng(blocks)
+    x, w = rng.standard_normal((2, 7, 24)).astype(np.float32), rng.standard_normal((24, 48)).astype(np.float32)
+    got = _with_threads(2, lambda: ort_gemm.ops().matmul_blocks(torch.from_numpy(x), torch.from_numpy(w), 1, _slot(),
+                                                                blocks))
+    assert got.shape == (blocks, 14, 48 // blocks)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [onnx.numpy_helper.from_array(w, "w")]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    np.testing.assert_allclose(got.permute(1, 0, 2).reshape(2, 7, 48).numpy(), run_model(model, {"x": x})["y"],
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="divisible by 5"):
+        ort_gemm.ops().matmul_blocks(torch.from_numpy(x), torch.from_numpy(w), 1, _slot(), 5)
+
+
+def test_only_large_weights_are_cut_into_column_blocks():
+    assert _with_threads(2, lambda: ort_gemm.column_blocks(768, 3072)) == 2
+    assert _with_threads(2, lambda: ort_gemm.column_blocks(768, 768)) == 1  # 2.4 MB: the threads split the rows
+    assert _with_threads(2, lambda: ort_gemm.column_blocks(4096, 1001)) == 1  # columns do not divide evenly
+    assert _with_threads(1, lambda: ort_gemm.column_blocks(768, 3072)) == 1
+
+
+def _mlp_model():
+    """relu(x @ w1 + b1) @ w2, weights of 4.7 MB (large enough to be cut into column blocks); the second product
+    is the model's output."""
+    rng = np.random.default_rng(7)
+    inits = [onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.05).astype(np.float32), name)
+             for name, shape in (("w1", (768, 1536)), ("b1", (1536,)), ("w2", (1536, 768)))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 12, 768))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_large_products_read_by_kernels_stay_in_column_blocks(tmp_path):
+    """With two threads, the first product (read by Inductor's bias-and-relu kernel) is left in column blocks;
+    the second, the model's output, is one array; the unit matches ONNX Runtime."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(unit, "VARIANTS", {"MLAS by ONNX Runtime": unit.VARIANTS["MLAS by ONNX Runtime"]})
+            result = optimize(_mlp_model(), target="cpu", cost="roofline", output=tmp_path / "out",
+                              compiled_unit=True)
+            module = unit.PlanModule(result.graph, result.plan, ort_kernels=True)
+        steps = {outputs: fn for fn, _, outputs in filter(None, module._replaced.values())}
+        assert steps[("m1",)].blocks == 2 and steps[("y",)].blocks == 1
+        x = np.random.default_rng(1).standard_normal((1, 12, 768)).astype(np.float32)
+        with torch.inference_mode():
+            got = module(torch.from_numpy(x))[0]
+        np.testing.assert_allclose(got.numpy(), run_model(_mlp_model(), {"x": x})["y"], rtol=1e-4, atol=1e-5)
+    finally:
+        torch.set_num_threads(before)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["unit"]["weights"] == "MLAS by ONNX Runtime" and manifest["check"]["ok"]
+
+
 def test_a_slot_keeps_the_weight_it_was_opened_for():
     slot = _slot()
     ort_gemm.ops().matmul(torch.ones(2, 4), torch.ones(4, 3), 7, slot)
@@ -250,7 +313,7 @@ def test_products_of_one_activation_run_as_one(tmp_path):
     steps = [step for step in module._replaced.values() if step]
     assert len(module._replaced) == 3 and len(steps) == 1
     (fn, inputs, outputs), = steps
-    assert fn.__qualname__.startswith("siblings_function") and len(outputs) == 3
+    assert fn.__qualname__.startswith("product_function") and len(outputs) == 3
     x = torch.randn(3, 5, 16)
     got = module(x)
     want = run_model(_sibling_products_model(), {"x": x.numpy()})

@@ -53,7 +53,8 @@ class InductorKernel:
     backend = "inductor"
     in_place = True
 
-    def __init__(self, kernel: Graph, device: str):
+    def __init__(self, kernel: Graph, device: str, function=None):
+        """``kernel`` compiled for ``device``; ``function`` computes it (``kernel_function``'s by default)."""
         from torch._inductor.compile_fx import compile_fx
         from torch._inductor.utils import run_and_get_code
         from torch.fx.experimental.proxy_tensor import make_fx
@@ -62,7 +63,8 @@ class InductorKernel:
         self.device = device
         examples = [x.to(device) for x in random_inputs(kernel)] + self._allocate()
         try:
-            graph_module = make_fx(_writing_outputs(kernel_function(kernel, device), len(kernel.inputs)))(*examples)
+            function = function or kernel_function(kernel, device)
+            graph_module = make_fx(_writing_outputs(function, len(kernel.inputs)))(*examples)
             compiled = {}
 
             def compile_and_run():
@@ -70,7 +72,7 @@ class InductorKernel:
                 return compiled["fn"](*examples)
             _, codes = run_and_get_code(compile_and_run)
         except Exception as exc:  # Inductor's failures are many and varied; the kernel is dropped, not the run
-            raise BuildError(f"inductor: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+            raise BuildError(f"{self.backend}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
         self.fn = compiled["fn"]
         self.source = "\n".join(codes)
         self.launches = sum(count_launches(code) for code in codes)

@@ -1,5 +1,5 @@
 """ONNX Runtime's MLAS kernels as operators a compiled unit calls: ``ops().matmul`` (an
-activation by a constant weight), ``batched_matmul`` (two activations, attention's products) and
+activation by a constant weight; ``matmul_blocks``, the same in column blocks), ``batched_matmul`` (two activations, attention's products) and
 ``softmax`` (over the last axis).
 
 On AVX2 CPUs MLAS multiplies float32 matrices 10-40% faster than every path
@@ -145,6 +145,8 @@ def open_library(path: Path | None = None) -> None:
         raise FileNotFoundError(f"no libonnxruntime.so in {Path(onnxruntime.__file__).parent / 'capi'}")
     ops(namespace).open_runtime(str(runtime[0]))
     fakes = {"matmul": lambda x, w, unit, slot: x.new_empty(*x.shape[:-1], w.shape[1]),
+             "matmul_blocks": lambda x, w, unit, slot, blocks: x.new_empty(blocks, x.numel() // x.shape[-1],
+                                                                           w.shape[1] // blocks),
              "batched_matmul": lambda a, b, unit, slot: a.new_empty(*a.shape[:-1], b.shape[-1]),
              "softmax": lambda x, unit, slot: x.new_empty(x.shape)}
     for name, fake in fakes.items():
@@ -198,15 +200,32 @@ _LIBRARY.define("ort_op_model(str kind) -> Tensor")
 _LIBRARY.impl("ort_op_model", _op_model_bytes, "CompositeExplicitAutograd")
 
 
-def node_function(unit: int, slot: int):
-    """The NodeFn of an eligible MATMUL in unit ``unit``: one output, computed by ONNX Runtime."""
-    return lambda x, w: [ops().matmul(x, w, unit, slot)]
+# weights above this many bytes are cut into column blocks, one per thread (kRowSplitBytes in ort_gemm_op.cpp)
+_ROW_SPLIT_BYTES = 4 << 20
 
 
-def siblings_function(unit: int, slot: int, widths: Sequence[int]):
-    """The NodeFn of eligible MATMULs of one activation by weights side by side (of ``widths`` columns): one
-    product, its column blocks the outputs."""
-    return lambda x, w: list(ops().matmul(x, w, unit, slot).split(list(widths), dim=-1))
+def column_blocks(k: int, n: int) -> int:
+    """How many column blocks a product by a ``k`` x ``n`` weight is computed in by ``product_function``, each
+    thread writing its own: one per torch thread for a weight too large for every thread to stream all of,
+    where the columns divide evenly; else 1 (the C++ operator splits the work and returns one array)."""
+    threads = torch.get_num_threads()
+    if k * n * 4 <= _ROW_SPLIT_BYTES or threads < 2 or n % threads or n // threads < 64:
+        return 1
+    return threads
+
+
+def product_function(unit: int, slot: int, widths: Sequence[int], blocks: int = 1):
+    """The NodeFn of eligible MATMULs of one activation, by weights side by side of ``widths`` columns: one
+    product, its column blocks the outputs. With ``blocks`` > 1 it is computed in that many column blocks
+    (``column_blocks``) and read through a view: the unit's kernels take its columns where they lie."""
+    def run(x, w):
+        if blocks > 1:
+            y = ops().matmul_blocks(x, w, unit, slot, blocks).permute(1, 0, 2).reshape(*x.shape[:-1], w.shape[1])
+        else:
+            y = ops().matmul(x, w, unit, slot)
+        return list(y.split(list(widths), dim=-1)) if len(widths) > 1 else [y]
+    run.blocks = blocks  # for inspection
+    return run
 
 
 def conv1d_function(unit: int, slot: int, node: Node, kernel: int):

@@ -7,7 +7,8 @@ group; they also prune the enumeration) and then asks each backend's
 ``claims`` on the candidate's kernel graph.
 
 GPU targets use korch's Triton generator, Inductor (Triton) and the torch
-libraries; CPU targets use Inductor (C++) and the torch libraries. The Triton
+libraries; CPU targets use Inductor (C++), the torch libraries and MLAS
+(products and softmaxes through ONNX Runtime's kernels, ``mlas.py``). The Triton
 interpreter is a test vehicle, never a CPU backend.
 """
 
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from korch.backends.base import Backend
 from korch.backends.inductor import InductorBackend
 from korch.backends.library import LibraryBackend
+from korch.backends.mlas import MlasBackend
 from korch.cost.devices import get_device
 from korch.ir.graph import Graph
 from korch.ir.subgraph import extract
@@ -36,6 +38,8 @@ def backends_for(target: str) -> list[Backend]:
 
         backends.append(TritonBackend())
     backends += [InductorBackend(), LibraryBackend()]
+    if device_for(target) == "cpu":
+        backends.append(MlasBackend())
     return backends
 
 

@@ -12,7 +12,7 @@ primitives run in ONNX Runtime on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -194,10 +194,14 @@ def node_function(graph: Graph, node: Node, device) -> NodeFn:
     return lambda *xs: interpret.run_node(node, xs)
 
 
-def kernel_function(kernel: Graph, device) -> Callable[..., list[torch.Tensor]]:
-    """``f(*inputs) -> outputs`` computing ``kernel`` with torch on ``device`` (constants bound, on the device)."""
+def kernel_function(kernel: Graph, device, replaced: Mapping | None = None) -> Callable[..., list[torch.Tensor]]:
+    """``f(*inputs) -> outputs`` computing ``kernel`` with torch on ``device`` (constants bound, on the device).
+    ``replaced`` maps a primitive's name to the step computing it instead, (function, inputs, outputs), or to
+    None where another step computes its outputs (``ort_steps.replacements``)."""
     constants = {name: interpret.as_torch(v).to(device) for name, v in kernel.constants.items()}
-    steps = [(node_function(kernel, node, device), node.inputs, node.outputs) for node in kernel.nodes]
+    replaced = replaced or {}
+    steps = [replaced.get(node.name) or (node_function(kernel, node, device), node.inputs, node.outputs)
+             for node in kernel.nodes if node.name not in replaced or replaced[node.name]]
     inputs, outputs = list(kernel.inputs), list(kernel.outputs)
 
     def run(*values: torch.Tensor) -> list[torch.Tensor]:

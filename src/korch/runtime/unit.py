@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import os
 import random
 import re
@@ -55,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from korch.backends import ort_gemm
+from korch.backends import ort_gemm, ort_steps
 from korch.backends.torch_ops import node_function, runs_in_torch
 from korch.errors import KorchError
 from korch.ir.graph import Graph
@@ -116,59 +115,15 @@ class PlanModule(torch.nn.Module):
         self._inputs, self._outputs = list(graph.inputs), list(graph.outputs)
 
     def _replace_by_ort_kernels(self, graph: Graph) -> None:
-        """Route products and softmaxes to ONNX Runtime's kernels (``backends/ort_gemm.py``): ``_replaced``
-        maps a primitive to the step that replaces it, (function, inputs, outputs), or to None where another
-        step computes its output (a softmax's parts; all but the first of sibling products)."""
-        nodes = {node.name: node for node in graph.nodes}
+        """Route products and softmaxes to ONNX Runtime's kernels (``backends/ort_steps.py``)."""
         # a key the unit's calls carry, so that sessions of two units loaded in one process never mix
         self.token = random.getrandbits(62)
-        slots = itertools.count()
-        for siblings in self._sibling_products(graph):
-            self._replace_siblings(graph, siblings, next(slots))
-        for node in graph.nodes:
-            if ort_gemm.batched_eligible(graph, node):
-                self._replaced[node.name] = (ort_gemm.batched_function(self.token, next(slots)), node.inputs,
-                                             node.outputs)
-            elif ort_gemm.conv1d_eligible(graph, node):
-                weight = graph.constants[node.inputs[1]]
-                columns = self._add_constant(f"{node.name}/columns", ort_gemm.conv1d_columns(weight))
-                self._replaced[node.name] = (ort_gemm.conv1d_function(self.token, next(slots), node, weight.shape[2]),
-                                             (node.inputs[0], columns), node.outputs)
-        kernel_of = {name: i for i, kernel in enumerate(self._plan.kernels) for name in kernel.nodes}
-        for softmax in ort_gemm.softmaxes(graph, graph.nodes):
-            if len({kernel_of[name] for name in softmax.parts}) == 1:  # its parts in one planned kernel
-                self._replaced.update(dict.fromkeys(softmax.parts))
-                last = next(n for n in softmax.parts if nodes[n].output == softmax.output)
-                self._replaced[last] = (ort_gemm.softmax_function(self.token, next(slots)), (softmax.input,),
-                                        (softmax.output,))
+        self._replaced = ort_steps.replacements(graph, [k.nodes for k in self._plan.kernels], self.token,
+                                                self._add_constant)
         if self._replaced:
             ort_gemm.open_library()
         else:
             self.token = None
-
-    def _sibling_products(self, graph: Graph) -> list[list]:
-        """The products by a constant weight ONNX Runtime can run, grouped by the activation they multiply
-        (attention's query, key and value projections), each group in plan order."""
-        order = {name: i for i, name in enumerate(n for k in self._plan.kernels for n in k.nodes)}
-        groups: dict[str, list] = {}
-        for node in sorted((n for n in graph.nodes if ort_gemm.eligible(graph, n)), key=lambda n: order[n.name]):
-            groups.setdefault(node.inputs[0], []).append(node)
-        return list(groups.values())
-
-    def _replace_siblings(self, graph: Graph, siblings: list, slot: int) -> None:
-        """One MLAS product for products of one activation, by their weights side by side (fewer calls, and
-        wider products run faster: three 197x768x768 products 4% slower than one 197x768x2304), computed where
-        the first runs; each product's output is its block of columns."""
-        first = siblings[0]
-        if len(siblings) == 1:
-            self._replaced[first.name] = (ort_gemm.node_function(self.token, slot), first.inputs, first.outputs)
-            return
-        weight = self._add_constant(f"{first.name}/siblings",
-                                    np.concatenate([graph.constants[n.inputs[1]] for n in siblings], axis=1))
-        self._replaced.update(dict.fromkeys(n.name for n in siblings[1:]))
-        self._replaced[first.name] = (
-            ort_gemm.siblings_function(self.token, slot, [graph.tensor(n.output).shape[-1] for n in siblings]),
-            (first.inputs[0], weight), tuple(n.output for n in siblings))
 
     def _add_constant(self, name: str, value: np.ndarray) -> str:
         """A constant the unit's own steps read (a weight laid out for MLAS), as ``name``."""

@@ -1,0 +1,83 @@
+"""Which primitives of a graph ONNX Runtime's MLAS operators compute (``ort_gemm.py``), and the steps that do:
+shared by a compiled unit (``runtime/unit.py``) and the MLAS backend's kernels (``mlas.py``), so that a kernel
+is measured the way the unit runs it.
+
+A step is ``(function, inputs, outputs)``, the function from input tensors to output tensors. ``replacements``
+maps a primitive to the step that replaces it, or to None where another step computes its output (a softmax's
+parts, all but the first of sibling products).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from korch.backends import ort_gemm
+from korch.ir.graph import Graph, Node
+
+Step = tuple[Callable, tuple[str, ...], tuple[str, ...]]
+
+
+def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
+                 add_constant: Callable[[str, np.ndarray], str]) -> dict[str, Step | None]:
+    """The MLAS steps of ``graph`` whose planned ``kernels`` (their primitives' names, in order) are given:
+    products by constant weights (sibling ones as one), products of two activations, 1-D convolutions, and
+    softmaxes within one kernel. ``token`` keys the operators' sessions; ``add_constant(name, value)`` adds a
+    constant the steps read (a weight laid out for MLAS) and returns its name."""
+    nodes = {node.name: node for node in graph.nodes}
+    replaced: dict[str, Step | None] = {}
+    slots = itertools.count()
+    for node in graph.nodes:
+        if ort_gemm.batched_eligible(graph, node):
+            replaced[node.name] = (ort_gemm.batched_function(token, next(slots)), node.inputs, node.outputs)
+        elif ort_gemm.conv1d_eligible(graph, node):
+            weight = graph.constants[node.inputs[1]]
+            columns = add_constant(f"{node.name}/columns", ort_gemm.conv1d_columns(weight))
+            replaced[node.name] = (ort_gemm.conv1d_function(token, next(slots), node, weight.shape[2]),
+                                   (node.inputs[0], columns), node.outputs)
+    kernel_of = {name: i for i, kernel in enumerate(kernels) for name in kernel}
+    for softmax in ort_gemm.softmaxes(graph, graph.nodes):
+        if len({kernel_of[name] for name in softmax.parts}) == 1:  # its parts in one planned kernel
+            replaced.update(dict.fromkeys(softmax.parts))
+            last = next(n for n in softmax.parts if nodes[n].output == softmax.output)
+            replaced[last] = (ort_gemm.softmax_function(token, next(slots)), (softmax.input,), (softmax.output,))
+    products = _sibling_products(graph, kernels)
+    # what ONNX Runtime reads, and the graph's outputs, are one contiguous array each: such products are not
+    # left in column blocks
+    contiguous = {name for step in replaced.values() if step for name in step[1]}
+    contiguous.update(graph.outputs, (siblings[0].inputs[0] for siblings in products))
+    for siblings in products:
+        _replace_siblings(graph, siblings, token, next(slots), contiguous, add_constant, replaced)
+    return replaced
+
+
+def _sibling_products(graph: Graph, kernels: Sequence[Sequence[str]]) -> list[list[Node]]:
+    """The products by a constant weight ONNX Runtime can run, grouped by the activation they multiply
+    (attention's query, key and value projections), each group in plan order."""
+    order = {name: i for i, name in enumerate(n for kernel in kernels for n in kernel)}
+    groups: dict[str, list[Node]] = {}
+    for node in sorted((n for n in graph.nodes if ort_gemm.eligible(graph, n)), key=lambda n: order[n.name]):
+        groups.setdefault(node.inputs[0], []).append(node)
+    return list(groups.values())
+
+
+def _replace_siblings(graph: Graph, siblings: list[Node], token: int, slot: int, contiguous: set[str],
+                      add_constant: Callable[[str, np.ndarray], str], replaced: dict[str, Step | None]) -> None:
+    """One MLAS product for products of one activation, by their weights side by side (fewer calls, and wider
+    products run faster: three 197x768x768 products 4% slower than one 197x768x2304), computed where the first
+    runs; each product's output is its block of columns. A weight too large for every thread to stream all of
+    it is computed in column blocks, one per thread, which the kernels after it read where they lie
+    (``ort_gemm.column_blocks``), unless an output is one of ``contiguous``."""
+    first = siblings[0]
+    widths = [graph.tensor(n.output).shape[-1] for n in siblings]
+    weight = first.inputs[1]
+    if len(siblings) > 1:
+        weight = add_constant(f"{first.name}/siblings",
+                              np.concatenate([graph.constants[n.inputs[1]] for n in siblings], axis=1))
+        replaced.update(dict.fromkeys(n.name for n in siblings[1:]))
+    blocks = 1 if any(n.output in contiguous for n in siblings) else \
+        ort_gemm.column_blocks(graph.tensor(first.inputs[1]).shape[0], sum(widths))
+    replaced[first.name] = (ort_gemm.product_function(token, slot, widths, blocks), (first.inputs[0], weight),
+                            tuple(n.output for n in siblings))

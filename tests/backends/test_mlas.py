@@ -1,0 +1,50 @@
+"""The MLAS backend: kernels whose products and softmaxes run in ONNX Runtime's MLAS, built as a compiled unit
+builds them, checked against the reference executor; their operator sessions released with them."""
+
+import gc
+
+import pytest
+import torch
+
+from korch.backends import ort_gemm
+from korch.backends.mlas import MlasBackend
+from korch.backends.registry import backends_for
+from tests.backends import cases
+from tests.backends.kernels import check_built
+
+_CLAIMED = ["softmax", "matmul_bias_relu_residual", "attention_scores", "attention_output"]
+
+
+def test_mlas_claims_kernels_with_a_product_or_a_softmax_on_cpus_only():
+    backend = MlasBackend()
+    assert [name for name, case in cases.ALL.items() if backend.claims(case()) is None] == _CLAIMED
+    assert backend.claims(cases.layer_norm()).startswith("mlas: no product")
+    assert backend.supports_device("cpu") and not backend.supports_device("cuda")
+    assert "mlas" in [b.name for b in backends_for("cpu")] and "mlas" not in [b.name for b in backends_for("h100")]
+
+
+@pytest.mark.parametrize("case", _CLAIMED)
+def test_mlas_kernels_match_the_reference_and_call_onnx_runtime(case):
+    graph = cases.ALL[case]()
+    built = MlasBackend().build(graph, "cpu")
+    check_built(built, graph)
+    assert built.backend == "mlas" and f"torch.ops.{ort_gemm.NAMESPACE}." in built.source
+
+
+def test_a_dropped_kernel_releases_its_sessions():
+    """Closing a unit's sessions lets its slots open again, for another weight; a dropped MLAS kernel closes
+    its own."""
+    ops = ort_gemm.ops()
+    ops.matmul(torch.ones(2, 4), torch.ones(4, 3), 991, 0)
+    with pytest.raises(RuntimeError, match="opened for a 4x3 weight"):
+        ops.matmul(torch.ones(2, 5), torch.ones(5, 3), 991, 0)
+    ops.close_unit(991)
+    torch.testing.assert_close(ops.matmul(torch.ones(2, 5), torch.ones(5, 3), 991, 0), torch.full((2, 3), 5.0))
+
+    built = MlasBackend().build(cases.matmul_bias_relu_residual(), "cpu")  # its one product: slot 0, 24x24
+    token = built.token
+    with pytest.raises(RuntimeError, match="opened for a 24x24 weight"):
+        ops.matmul(torch.ones(2, 5), torch.ones(5, 3), token, 0)
+    del built
+    gc.collect()
+    torch.testing.assert_close(ops.matmul(torch.ones(2, 5), torch.ones(5, 3), token, 0), torch.full((2, 3), 5.0))

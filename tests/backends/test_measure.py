@@ -65,7 +65,7 @@ def test_measured_plan_then_database_hit(tmp_path):
     assert m["measured_share"] == m["signatures_asked"] / m["signatures"]
     assert m["build_s"] > 0 and m["timing_s"] > 0
     assert f"{m['measured_share']:.0%} of the {m['signatures']} distinct" in render_markdown(first.plan, {}, None)
-    assert all(k.measured and k.backend in ("inductor", "library") for k in first.plan.kernels)
+    assert all(k.measured and k.backend in m["backends"] for k in first.plan.kernels)  # the fastest wins
     assert all(k.cost_s >= k.bound_s for k in first.plan.kernels)
     rows = ProfileDB(db).stats()["rows"]
     assert rows == m["kernels_measured"] + len(m["backends"])  # and the calling cost of each CPU backend

@@ -240,13 +240,14 @@ class KernelMeasurer:
             self._pool = workers.pool(self.jobs)
         futures = [self._pool.submit(_worker, self.target, kernels[s], self.device, b.name, precision.current().name)
                    for s, b in todo]
-        results = []
+        results, died = [], False
         for future in futures:
             try:
                 results.append(future.result())
-            except Exception as exc:  # the worker died (a faulting kernel): a failure of this kernel, not the run
-                results.append(_Checked("worker_died", one_line(exc, MESSAGE_CHARS)))
-        if any(r.status == "worker_died" for r in results):
+            except Exception as exc:  # the worker died (a faulting kernel): a failed build of this kernel, not the run
+                died = True
+                results.append(_Checked("build_failed", "worker died: " + one_line(exc, MESSAGE_CHARS)))
+        if died:
             self.close()  # a broken pool takes no more work: the next batch starts a fresh one
         return results
 

@@ -22,7 +22,7 @@ LAYERS = [
     {"korch.runtime"},
     {"korch.report"},
     {"korch", "korch.__main__", "korch.api", "korch.bench", "korch.cli", "korch.cli_inputs", "korch.cli_run",
-     "korch.dynamic", "korch.dbcheck", "korch.pipeline"},
+     "korch.dynamic", "korch.dbcheck", "korch.pipeline", "korch.search_estimate"},
 ]
 
 

@@ -106,6 +106,14 @@ def _callbacks(progress, task):
 def cmd_optimize(args) -> int:
     from korch.pipeline import optimize
 
+    if args.estimate:
+        from korch.search_estimate import estimate
+
+        print(estimate(args.model, target=args.target or "", jobs=args.jobs or 16, input_shapes=input_shapes(args),
+                       max_kernel_nodes=args.max_kernel_nodes).describe())
+        return 0
+    if args.output is None:
+        raise KorchError("optimize needs -o OUTDIR (or --estimate)")
     if args.dynamic:
         return _optimize_dynamic(args)
     with _progress(args.quiet) as progress:
@@ -351,8 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("optimize", help="choose the optimal kernels and write the executable to OUTDIR")
     model_args(p)
-    p.add_argument("-o", "--output", type=Path, required=True, metavar="OUTDIR")
+    p.add_argument("-o", "--output", type=Path, metavar="OUTDIR", help="where to write the executable (required)")
     plan_args(p)
+    p.add_argument("--estimate", action="store_true",
+                   help="for a GPU target: count the compiles and timings a measured search would run and estimate "
+                        "its minutes on --jobs cores (default 16) from compile times measured here; writes nothing")
     p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit in seconds (default: none)")
     p.add_argument("--cut-points", metavar="FILE.toml", help="the Korch paper's cut points instead of automatic ones")
     p.add_argument("--max-kernel-nodes", type=int, metavar="N", help="largest candidate kernel, in primitives")

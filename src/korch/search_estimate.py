@@ -1,0 +1,153 @@
+"""``korch optimize --estimate``: what a measured search would compile and time, and in how many minutes,
+before it runs; for a GPU target, before a GPU is lent.
+
+The model's candidates are enumerated as ``korch optimize`` enumerates them, and each distinct candidate
+kernel (signature) is asked of every backend of the target. A Triton kernel is compiled once per launch
+variant, an Inductor kernel once, a library kernel not at all; every variant is then timed on the device,
+one at a time (``timing.BUDGET_S`` plus warm-up each). Compile seconds per Triton kernel class are measured
+here on a sample, compiled for the target's architecture in spawned processes (``backends/triton/ahead.py``);
+an Inductor kernel is charged the mean of those (Inductor cannot generate GPU code without a GPU). Compiles
+spread over ``jobs`` cores of the machine the search will run on.
+
+Two bounds: every signature measured (what the lazy search approaches while floors are loose: it measured
+93-98% of the signatures of the BERT layer and ViT block on the CPU), and the roofline plan's kernels alone
+(one round of the lazy search, the least it can do).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import tempfile
+import warnings
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+
+# a GPU target's compute capability, as Triton compiles for it
+ARCHITECTURES = {"h100": 90, "h200": 90, "a100": 80, "v100": 70}
+# Triton kernels compiled per class to time its compiles
+SAMPLE_PER_CLASS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """Compiles and timed variants of a set of signatures."""
+
+    signatures: int
+    compiles: Mapping[str, int]     # by kernel class ("inductor" for Inductor's kernels)
+    timed_variants: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchEstimate:
+    model: str
+    target: str
+    jobs: int
+    candidates: int
+    every: Work                         # every signature measured
+    plan_only: Work                     # the roofline plan's kernels alone
+    compile_s: Mapping[str, float]      # mean seconds of one compile, by kernel class
+    timing_s: float                     # seconds to time one variant on the device
+
+    def minutes(self, work: Work) -> float:
+        compiling = sum(n * self.compile_s.get(cls, self.mean_compile_s) for cls, n in work.compiles.items())
+        return (compiling / self.jobs + work.timed_variants * self.timing_s) / 60
+
+    @property
+    def mean_compile_s(self) -> float:
+        return sum(self.compile_s.values()) / len(self.compile_s) if self.compile_s else 0.0
+
+    def describe(self) -> str:
+        lines = [f"{self.model} on {self.target}: {self.candidates} candidates, "
+                 f"{self.every.signatures} distinct kernels; compile seconds measured here for sm_"
+                 f"{ARCHITECTURES[self.target]}: "
+                 + ", ".join(f"{cls} {s:.2f}" for cls, s in sorted(self.compile_s.items()))
+                 + f"; {self.timing_s:.2f} s to time a variant; {self.jobs} cores compiling"]
+        for label, work in (("every kernel measured", self.every),
+                            ("the roofline plan's kernels only", self.plan_only)):
+            compiles = sum(work.compiles.values())
+            lines.append(f"  {label}: {work.signatures} kernels, {compiles} compiles "
+                         f"({', '.join(f'{c} {n}' for c, n in sorted(work.compiles.items()))}), "
+                         f"{work.timed_variants} timed variants: about {self.minutes(work):.1f} min")
+        return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _environment(**values: str):
+    """``values`` set in this process's environment (which spawned workers inherit) while active."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _work(kernels: Mapping[str, tuple[str | None, int, Sequence[str]]], signatures) -> Work:
+    compiles: Counter = Counter()
+    timed = 0
+    for s in signatures:
+        triton_class, variants, backends = kernels[s]
+        if triton_class:
+            compiles[triton_class] += variants
+            timed += variants
+        if "inductor" in backends:
+            compiles["inductor"] += 1
+            timed += 1
+        timed += "library" in backends
+    return Work(len(signatures), dict(compiles), timed)
+
+
+def estimate(model, *, target: str, jobs: int = 16, input_shapes=None, max_kernel_nodes: int | None = None,
+             sample: int = SAMPLE_PER_CLASS) -> SearchEstimate:
+    """The search ``korch optimize model --target target --cost measured`` would run (see the docstring)."""
+    from korch import config
+    from korch.backends import timing
+    from korch.backends.registry import BackendPredicate, backends_for
+    from korch.backends.triton.ahead import compile_many
+    from korch.backends.triton.backend import _attempt
+    from korch.errors import KorchError
+    from korch.ir.subgraph import extract
+    from korch.orchestrate.candidates import enumerate_candidates
+    from korch.pipeline import load_model, optimize
+
+    if target not in ARCHITECTURES:
+        raise KorchError(f"--estimate is for GPU targets ({', '.join(ARCHITECTURES)}), not {target!r}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, graph, _ = load_model(model, input_shapes)
+        plan = optimize(model, target=target, cost="roofline", plan_only=True, input_shapes=input_shapes,
+                        max_kernel_nodes=max_kernel_nodes).plan
+    backends = backends_for(target)
+    candidates = enumerate_candidates(graph, max_nodes=max_kernel_nodes or config.max_kernel_nodes,
+                                      predicate=BackendPredicate(backends)).candidates
+    kernels: dict[str, tuple[str | None, int, Sequence[str]]] = {}
+    by_class: dict[str, list] = defaultdict(list)
+    for candidate in candidates:
+        if candidate.signature in kernels:
+            continue
+        kernel = extract(graph, candidate.nodes, candidate.inputs, candidate.outputs)
+        claiming = [b.name for b in backends if b.claims(kernel) is None]
+        cls, generated = _attempt(kernel) if "triton" in claiming else (None, None)
+        kernels[candidate.signature] = (cls.name if cls else None, len(generated.variants) if cls else 0, claiming)
+        if cls:
+            by_class[cls.name].append(kernel)
+    samples = {cls: ks[:: max(1, len(ks) // sample)][:sample] for cls, ks in by_class.items()}
+    flat = [(cls, k) for cls, ks in samples.items() for k in ks]
+    with tempfile.TemporaryDirectory() as cache, _environment(TRITON_CACHE_DIR=cache):  # compiles, not cache hits
+        results = compile_many([k for _, k in flat], arch=ARCHITECTURES[target], jobs=min(len(flat), 2) or None)
+    seconds: dict[str, list[float]] = defaultdict(list)
+    for (cls, _), result in zip(flat, results):
+        if result.status == "compiled":
+            seconds[cls].append(result.seconds)
+    compile_s = {cls: sum(v) / len(v) for cls, v in seconds.items()}
+    planned = {k.signature for k in plan.kernels} & kernels.keys()
+    timing_s = timing.BUDGET_S + timing.WARMUP_S
+    return SearchEstimate(graph.name, target, jobs, len(candidates), _work(kernels, list(kernels)),
+                          _work(kernels, sorted(planned)), compile_s, timing_s)
+

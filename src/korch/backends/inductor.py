@@ -24,6 +24,7 @@ import torch
 from korch.backends.base import BuildError
 from korch.backends.check import random_inputs
 from korch.backends.torch_ops import kernel_function
+from korch.errors import one_line
 from korch.ir import dtypes
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
@@ -72,7 +73,7 @@ class InductorKernel:
                 return compiled["fn"](*examples)
             _, codes = run_and_get_code(compile_and_run)
         except Exception as exc:  # Inductor's failures are many and varied; the kernel is dropped, not the run
-            raise BuildError(f"{self.backend}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+            raise BuildError(f"{self.backend}: {one_line(exc)}") from exc
         self.fn = compiled["fn"]
         self.source = "\n".join(codes)
         self.launches = sum(count_launches(code) for code in codes)

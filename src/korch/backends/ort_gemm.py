@@ -1,6 +1,6 @@
 """ONNX Runtime's MLAS kernels as operators a compiled unit calls: ``ops().matmul`` (an
-activation by a constant weight; ``matmul_blocks``, the same in column blocks), ``batched_matmul`` (two activations, attention's products) and
-``softmax`` (over the last axis).
+activation by a constant weight; ``matmul_blocks``, the same in column blocks), ``batched_matmul`` (two
+activations, attention's products) and ``softmax`` (over the last axis).
 
 On AVX2 CPUs MLAS multiplies float32 matrices 10-40% faster than every path
 torch offers (MKL, oneDNN with packed weights, Inductor's C++ template;

@@ -1,6 +1,6 @@
 // korch_ort::matmul (a product by a constant weight; korch_ort::matmul_blocks leaves it in column blocks),
-// korch_ort::batched_matmul (a product of two activations) and korch_ort::softmax, computed by ONNX Runtime's MLAS, called from a compiled unit with no Python in between
-// (backends/ort_gemm.py builds and loads this file).
+// korch_ort::batched_matmul (a product of two activations) and korch_ort::softmax, computed by ONNX Runtime's
+// MLAS, called from a compiled unit with no Python in between (backends/ort_gemm.py builds and loads this file).
 //
 // Each weight gets one-MatMul ONNX Runtime sessions with one intra-op thread each (MLAS packs the weight
 // once, when a session opens), run on torch's own threads (at::parallel_for): ONNX Runtime's thread pools

@@ -39,6 +39,26 @@ def test_datasheet_numbers_are_dense_not_sparse():
     assert h100.vector_flops == pytest.approx(66.9e12, rel=1e-3)
 
 
+
+@pytest.fixture(autouse=True)
+def real_probe(monkeypatch):
+    """These tests exercise the probe itself, not the fixed record the other tests price on (conftest)."""
+    monkeypatch.delenv(probe.RECORD_ENV, raising=False)
+
+
+def test_a_fixed_record_is_read_instead_of_probing(tmp_path, monkeypatch):
+    record = {"cpu": "x", "cores": 2, "threads": 2, "torch": "t", "probe_version": probe.PROBE_VERSION,
+              "cache_bytes": 1 << 20, "measured": dict(FAKE)}
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(record))
+    monkeypatch.setenv(probe.RECORD_ENV, str(path))
+    monkeypatch.setattr(probe, "measure", lambda cache: (_ for _ in ()).throw(AssertionError("probed")))
+    assert probe.cpu_record() == record
+    assert get_device("cpu").memory_bandwidth == FAKE["memory_bandwidth"] * devices.BANDWIDTH_HEADROOM
+    path.write_text(json.dumps({"cpu": "x"}))
+    with pytest.raises(KorchError, match="not a probe record"):
+        probe.cpu_record()
+
 def test_unknown_target_names_the_known_ones():
     with pytest.raises(KorchError, match=r"unknown target 'tpu'; known: cpu, h100, h200, a100, v100"):
         get_device("tpu")

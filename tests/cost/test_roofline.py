@@ -191,7 +191,8 @@ def cpu(tmp_path_factory):
     probe._record_at.cache_clear()
     cache = tmp_path_factory.mktemp("korch-cache")
     try:
-        with config.patch(cache_dir=cache):
+        with config.patch(cache_dir=cache), pytest.MonkeyPatch.context() as patch:
+            patch.delenv(probe.RECORD_ENV, raising=False)  # the probe itself, not the tests' fixed record
             device = get_device("cpu")
         (path,) = (cache / "devices").glob("cpu-*.json")
     finally:

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from korch import config
+from korch.errors import KorchError
 from korch.fsutil import atomic_write_bytes
 
 # Bump when the probe measures differently, so cached results are not reused.
@@ -182,6 +183,7 @@ def peak_matrix_flops() -> float:
     return (os.cpu_count() or 1) * per_cycle * max(mhz, default=0.0) * 1e6 * 1.25
 
 
+RECORD_ENV = "KORCH_CPU_RECORD"
 _RECORD_KEYS = ("cpu", "threads", "torch", "cache_bytes", "measured")
 _MEASURED_KEYS = ("memory_bandwidth", "cache_bandwidth", "matmul_flops", "elementwise_flops", "tiny_op_seconds")
 
@@ -207,5 +209,14 @@ def _record_at(path: Path) -> dict:
 
 def cpu_record() -> dict:
     """This host's probe record (the measured bests, the cache size, what was measured on): read from the
-    cache, or measured (under two seconds) and cached. ``cost.devices`` turns it into ceilings."""
+    cache, or measured (under two seconds) and cached. ``cost.devices`` turns it into ceilings.
+
+    ``KORCH_CPU_RECORD=FILE.json`` prices on a record taken before (a probe file of this cache), so that plans
+    do not follow the load of the moment: the tests price on a quiet host's record."""
+    fixed = os.environ.get(RECORD_ENV)
+    if fixed:
+        record = json.loads(Path(fixed).read_text())
+        if not (all(k in record for k in _RECORD_KEYS) and all(k in record["measured"] for k in _MEASURED_KEYS)):
+            raise KorchError(f"{RECORD_ENV}={fixed} is not a probe record (keys {', '.join(_RECORD_KEYS)})")
+        return record
     return _record_at(_cache_path())

@@ -72,11 +72,14 @@ def test_measured_plan_then_database_hit(tmp_path):
 
     second = optimize(_model(), target="cpu", cost="measured", db=db, jobs=1, max_kernel_nodes=3)
     m2 = second.plan.stats["measurement"]
-    assert m2["kernels_measured"] == 0
-    # both plans are optimal over the same latencies: the same objective (kernels may differ where plans tie,
-    # e.g. two kernels both measured below their floor and raised to equal floors)
+    # every signature the database holds is answered from it, never measured again. The second search may
+    # still measure a signature the first never asked: one whose floor ties the optimum (a kernel measured below
+    # its floor is raised to it), which the solver is free to pick first (seen once under load in a clean clone)
+    fresh = m2["signatures_asked"] - m2["from_database"]
+    assert m2["from_database"] > 0 and m2["kernels_measured"] <= fresh * len(m2["backends"])
+    assert ProfileDB(db).stats()["rows"] == rows + m2["kernels_measured"]
+    # both plans are optimal over the same latencies: the same objective (kernels may differ where plans tie)
     assert second.plan.predicted_latency_s == pytest.approx(first.plan.predicted_latency_s, rel=1e-9)
-    assert ProfileDB(db).stats()["rows"] == rows
 
 
 @pytest.mark.parametrize("mode", ["build", "check"])

@@ -11,7 +11,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from korch.fission import OpaqueOperatorWarning, fission
-from korch.fission.resize import axis_filter
+from korch.fission.resize import axis_filter, filter_order
 from korch.frontend import load_onnx
 from korch.ir.ops import Op
 from korch.ir import interpret, ort
@@ -157,3 +157,21 @@ def test_resize_10_and_upsample(mode):
     _check(op="Upsample", opset=9, scales=[1, 1, 2.0, 1.5], mode=mode)
     _check(op="Upsample", opset=7, mode=mode, scales_attribute=[1.0, 1.0, 3.0, 1.5])
 
+
+
+def test_upsampling_filters_the_innermost_axis_first_on_the_smaller_image():
+    # 8x bilinear along H and W (a decoder's upsampling): the W pass gathers element by element, so it runs
+    # before the H pass makes the image 8x taller; the result still matches ONNX Runtime
+    x = np.random.default_rng(1).standard_normal((1, 3, 4, 5)).astype(np.float32)
+    model = _model(x, scales=[1, 1, 8.0, 8.0], mode="linear")
+    graph = fission(load_onnx(model))
+    gathers = [n for n in graph.nodes if n.op is Op.GATHER]
+    assert [graph.tensors[n.outputs[0]].shape for n in gathers] == [(1, 3, 4, 40, 2), (1, 3, 32, 2, 40)]
+    np.testing.assert_allclose(interpret.run(graph, {"x": x})["y"], ort.run_model(model, {"x": x})["y"],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_filter_order_shrinks_before_it_grows():
+    # H downsampled 4x, W upsampled 2x: H first whatever the inner axis costs
+    assert filter_order((1, 1, 64, 64), {2: (16, 2), 3: (128, 2)}) == [2, 3]
+    assert filter_order((1, 1, 16, 16), {2: (128, 2), 3: (128, 2)}) == [3, 2]

@@ -16,6 +16,7 @@ from korch import config, precision
 from korch.backends import ort_gemm
 from korch.pipeline import optimize
 from korch.runtime import unit
+from korch.ir.ort import run_model
 from tests.runtime.test_executable import _two_output_model, opaque_model
 from tests.runtime.test_run_cli import optimize_two_output_model
 from tests.test_cli import assert_one_line_error
@@ -83,8 +84,9 @@ def test_a_damaged_unit_is_a_one_line_error(unit_dir, tmp_path):
     assert_one_line_error(korch("run", d), "model.pt2", "corrupted")
 
 
+# ZVECTOR: s390x's instruction set, which no machine that runs these tests has (AVX512 failed on AVX-512 hosts)
 @pytest.mark.parametrize("key, value, needle", [("torch", "2.0.0", "torch 2.0.0"),
-                                                ("cpu_capability", "AVX512", "CPU instruction set AVX512")])
+                                                ("cpu_capability", "ZVECTOR", "CPU instruction set ZVECTOR")])
 def test_a_unit_built_elsewhere_is_a_one_line_error(unit_dir, tmp_path, key, value, needle):
     d = _copy(unit_dir, tmp_path)
     manifest = json.loads((d / "manifest.json").read_text())
@@ -231,6 +233,23 @@ def test_the_unit_is_the_fastest_of_its_weight_variants(monkeypatch):
     assert choice == {"weights": "as given to ATen", "measured_ms": {}}
 
 
+def test_a_network_with_convolutions_has_its_boundary_layout_measured_too():
+    """With convolutions, the fastest weight variant is compiled again with NCHW values between kernels, the two
+    take turns and the faster is kept (channels-last helps Segformer-B0 and slows Candy)."""
+    model = _two_output_model()
+    result = optimize(model, target="cpu", cost="roofline")
+    data, choice = unit.choose_unit(result.graph, result.plan)
+    measured, weights = choice["measured_ms"], choice["weights"]
+    assert weights in unit.VARIANTS and choice["boundaries"] in ("channels-last", "NCHW")
+    pair = {layout: measured[f"{weights}, {layout} between kernels"] for layout in ("channels-last", "NCHW")}
+    assert min(pair, key=pair.get) == choice["boundaries"]
+    x = np.random.default_rng(2).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = run_model(model, {"x": x})
+    got = unit.CompiledUnit.from_bytes(data)(torch.from_numpy(x))
+    for value, name in zip(got, ("p", "y")):
+        np.testing.assert_allclose(value.numpy(), want[name], rtol=1e-4, atol=1e-5)
+
+
 def test_gemms_by_onnx_runtime_compute_each_units_own_product():
     """Two units compiled with ONNX Runtime GEMMs, loaded in one process, each multiply by their own weight
     (sessions are keyed by a per-unit token), batched activations included, as ONNX Runtime computes it."""
@@ -246,3 +265,39 @@ def test_gemms_by_onnx_runtime_compute_each_units_own_product():
     for (model, _), loaded in zip(models, units):
         np.testing.assert_allclose(loaded(x)[0].numpy(), run_model(model, {"x": x.numpy()})["y"],
                                    rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_a_value_a_convolution_reads_crosses_kernel_boundaries_channels_last(monkeypatch, channels_last):
+    """Two kernels' outputs concatenated for a convolution in a third: Inductor's layout optimization wants the
+    convolution's input channels-last, and the values realized at the boundaries are stored that way, so the
+    concatenation is too; left in NCHW, the concatenation was stored NCHW and copied to channels-last for the
+    convolution (a third of Segformer-B0's unit)."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.utils import run_and_get_code
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.traceback import annotate, preserve_node_meta
+
+    if not channels_last:
+        monkeypatch.setattr(unit, "_lay_out_channels_last", lambda value: None)
+    weight = torch.randn(16, 32, 1, 1)
+
+    def three_kernels(x):
+        with annotate({"korch_kernel": 0}):
+            a = torch.relu(x * 2.0 + 1.0)
+        with annotate({"korch_kernel": 1}):
+            b = torch.exp(x)
+        with annotate({"korch_kernel": 2}):
+            return (torch.nn.functional.conv2d(torch.cat([a, b], 1), weight),)
+
+    x = torch.randn(1, 16, 8, 8)
+    with preserve_node_meta():
+        gm = make_fx(three_kernels)(x)
+    with unit.kernel_boundaries(), torch.no_grad():
+        got, codes = run_and_get_code(lambda: compile_fx(gm, [x])(x))
+    torch.testing.assert_close(got[0], three_kernels(x)[0])
+    code = "\n".join(codes)
+    nchw_concatenation = "(1, 32, 8, 8), (2048, 64, 8, 1)"  # a buffer's size and strides in the wrapper
+    channels_last_concatenation = "(1, 32, 8, 8), (2048, 1, 256, 32)"
+    assert (nchw_concatenation in code) != channels_last, code
+    assert channels_last_concatenation in code  # what the convolution reads, either way

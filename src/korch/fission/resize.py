@@ -12,6 +12,7 @@ linear and cubic kernels by 1/scale.
 
 from __future__ import annotations
 
+import itertools
 import math
 from fractions import Fraction
 
@@ -146,6 +147,26 @@ def separable_filter(b: Builder, x: str, axis: int, indices: np.ndarray, weights
     return b.reduce(Op.REDUCE_SUM, b.mul(taps, b.const(w)), [axis + 1], keepdims=False)
 
 
+INNER_GATHER_COST = 8  # a tap along the innermost axis is a scalar load; along any other, part of a vector load
+
+
+def filter_order(shape, filters: dict[int, tuple[int, int]]) -> list[int]:
+    """The order of the per-axis filters (``{axis: (size out, taps)}``) that reads the fewest taps.
+
+    Separable filters commute, and the order decides how many elements each pass makes: upsampling an image
+    4x along H first makes the W pass's gathers over an image already 4x taller. Taps along the innermost
+    axis cost more (``INNER_GATHER_COST``): a compiler vectorizes across the innermost axis, and there each
+    output reads its own input positions.
+    """
+    def taps_read(order) -> float:
+        sizes, total = list(shape), 0.0
+        for a in order:
+            sizes[a] = filters[a][0]
+            total += math.prod(sizes) * filters[a][1] * (INNER_GATHER_COST if a == len(shape) - 1 else 1)
+        return total
+    return list(min(itertools.permutations(filters), key=taps_read))
+
+
 def _target(shape, axes, scales, sizes, policy) -> tuple[list[float], list[int]]:
     """Per-axis scale and output size, from ``sizes`` (under the aspect-ratio policy) or ``scales``."""
     scale, size = [1.0] * len(shape), list(shape)
@@ -181,14 +202,16 @@ def _resize(b: Builder, x: str, scales, sizes, roi, *, axes=None, mode="nearest"
         flat = roi.reshape(-1).astype(np.float64).tolist()
         box.update({a: (flat[i], flat[len(axes) + i]) for i, a in enumerate(axes) if flat})
     work_dtype = b.dtype(x)
+    filters = {a: axis_filter(shape[a], size[a], scale[a], box[a], mode=mode,
+                              coordinate_mode=coordinate_transformation_mode, nearest_mode=nearest_mode,
+                              cubic_coeff_a=cubic_coeff_a, exclude_outside=bool(exclude_outside),
+                              antialias=bool(antialias) and mode != "nearest")
+               for a in axes if not (math.isclose(scale[a], 1.0) and size[a] == shape[a] and box[a] == (0.0, 1.0))}
+    if not any(outside.any() for _, _, outside in filters.values()):  # crop-and-resize keeps the spec's order
+        order = filter_order(shape, {a: (size[a], indices.shape[1]) for a, (indices, _, _) in filters.items()})
+        filters = {a: filters[a] for a in order}
     out = x
-    for a in axes:
-        if math.isclose(scale[a], 1.0) and size[a] == shape[a] and box[a] == (0.0, 1.0):
-            continue  # identity along this axis
-        indices, weights, outside = axis_filter(
-            shape[a], size[a], scale[a], box[a], mode=mode, coordinate_mode=coordinate_transformation_mode,
-            nearest_mode=nearest_mode, cubic_coeff_a=cubic_coeff_a, exclude_outside=bool(exclude_outside),
-            antialias=bool(antialias) and mode != "nearest")
+    for a, (indices, weights, outside) in filters.items():
         if not (indices.shape[1] == 1 and np.all(weights == 1)) and b.dtype(out) not in ("float32", "float64"):
             # weighted sums of halves run in float32, of integers in float64 (rounded once, at the end)
             out = b.cast(out, "float32" if b.dtype(out) == "float16" else "float64")

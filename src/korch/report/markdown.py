@@ -49,7 +49,9 @@ def _executable(x: dict | None) -> list[str]:
                      "no Python between kernels; Inductor plans its buffers)")
         measured = x.get("unit", {}).get("measured_ms")
         if measured:
-            lines.append(f"- the unit's weights: {x['unit']['weights']}, the faster as measured ("
+            boundaries = x["unit"].get("boundaries")
+            layout = f"; values a convolution reads stored {boundaries} between kernels" if boundaries else ""
+            lines.append(f"- the unit's weights: {x['unit']['weights']}{layout}; the fastest as measured ("
                          + ", ".join(f"{name} {ms:.3g} ms" for name, ms in measured.items()) + ")")
     elif x.get("runs"):
         lines.append(f"- runs kernel by kernel: no compiled unit ({x.get('unit', {}).get('why_not', '')})")

@@ -59,6 +59,7 @@ from korch.backends.torch_ops import node_function, runs_in_torch
 from korch.errors import KorchError
 from korch.ir.graph import Graph
 from korch.ir.interpret import as_torch
+from korch.ir.ops import Op
 from korch.ir.sizes import SizeFunctions
 from korch.orchestrate.plan import Plan
 
@@ -69,10 +70,12 @@ _TAG = "korch_kernel"
 class Variant:
     """How a unit's frozen weights reach the vendor libraries: ``prepack``, packed at compile time in
     oneDNN's layouts (else ATen's calls take them as they are); ``ort_kernels``, products and softmaxes run
-    in ONNX Runtime's MLAS (``backends/ort_gemm.py``)."""
+    in ONNX Runtime's MLAS (``backends/ort_gemm.py``); ``channels_last_boundaries``, values a convolution
+    reads are stored channels-last between kernels (``kernel_boundaries``)."""
 
     prepack: bool
     ort_kernels: bool = False
+    channels_last_boundaries: bool = True  # see kernel_boundaries
 
 
 # the variants choose_unit compiles and times
@@ -175,8 +178,10 @@ def _kernel_of(fx_node: torch.fx.Node):
 
 
 @contextlib.contextmanager
-def kernel_boundaries() -> Iterator[None]:
-    """While active, Inductor keeps planned kernels apart (see the module docstring)."""
+def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
+    """While active, Inductor keeps planned kernels apart (see the module docstring); with ``channels_last``,
+    a 4-D value stored at a boundary is laid out as Inductor's layout optimization wants it
+    (``_lay_out_channels_last``)."""
     from torch._inductor import ir
     from torch._inductor.graph import GraphLowering
     from torch._inductor.scheduler import Scheduler
@@ -190,6 +195,8 @@ def kernel_boundaries() -> Iterator[None]:
                 value = self.env.get(source)
                 if isinstance(value, ir.TensorBox):
                     value.realize()
+                    if channels_last and source in self.nodes_prefer_channels_last:
+                        _lay_out_channels_last(value)
         return run_node(self, n)
 
     def kernels(snode) -> set:
@@ -209,6 +216,23 @@ def kernel_boundaries() -> Iterator[None]:
             yield
     finally:
         GraphLowering.run_node, Scheduler._can_fuse_impl = run_node, can_fuse
+
+
+def _lay_out_channels_last(value) -> None:
+    """Store a 4-D value just realized at a kernel boundary channels-last, where Inductor's layout
+    optimization would have (it stores a value a convolution reads, directly or through other operations,
+    channels-last where it realizes the value itself): kept in its default NCHW layout, the value was copied
+    to channels-last before every convolution that read it (a third of Segformer-B0's unit, its decoder's
+    1024-channel concatenation). Only a layout not yet fixed is set: this never adds a copy. Not every
+    network gains (Candy's instance normalizations reduce over H and W), so ``choose_unit`` measures."""
+    from torch._inductor import ir
+
+    if len(value.get_size()) != 4 or not ir.is_storage_and_layout(value) or \
+            not isinstance(value.get_layout(), ir.FlexibleLayout):
+        return
+    order = ir.get_stride_order(ir.FlexibleLayout.stride_ordered_for_memory_format(value.get_size(),
+                                                                                    torch.channels_last))
+    ir.as_storage_and_layout(value, freeze=True, want_contiguous=False, stride_order=order)
 
 
 def example_inputs(graph: Graph, device: str) -> tuple[torch.Tensor, ...]:
@@ -256,7 +280,8 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
         # force_mmap_weights: the loader maps the weights where the package aligned them; by default it copies
         # them into one malloc'd block, whose alignment follows malloc's history (a ViT block's unit with
         # ATen's GEMMs: 20-21 ms mapped; 21-25 ms copied; 29.5 ms when malloc maps every large block itself)
-        with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, kernel_boundaries(), torch.no_grad(), \
+        with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, \
+                kernel_boundaries(variant.channels_last_boundaries), torch.no_grad(), \
                 torch._inductor.config.patch({"freezing": True, "cpp.weight_prepack": variant.prepack,
                                               "aot_inductor.force_mmap_weights": True}):
             path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))
@@ -267,35 +292,52 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         -> tuple[bytes, dict]:
     """The fastest of the plan's units over ``VARIANTS``, and what was measured: the variants take turns
     (``CHOICE_ROUNDS`` rounds, median of the rounds' medians). A variant that fails to compile is left out;
-    if all fail, the first failure is raised."""
-    from korch.backends.timing import take_turns, time_kernel
-
+    if all fail, the first failure is raised. A graph with convolutions then has the fastest also compiled with
+    NCHW values between its kernels, and the two take turns again."""
     built, errors = {}, []
-    for name, variant in VARIANTS.items():
-        if variant.ort_kernels and not ort_gemm.any_eligible(graph):
-            continue  # nothing for ONNX Runtime to run
+
+    def add(name: str, variant: Variant) -> None:
         try:
             data = compile_unit(graph, plan, device, variant, size_range)
             built[name] = (data, CompiledUnit.from_bytes(data))
         except Exception as exc:  # Inductor's failures are many: the other variant may compile
             errors.append(exc)
+
+    for name, variant in VARIANTS.items():
+        if not variant.ort_kernels or ort_gemm.any_eligible(graph):  # else nothing for ONNX Runtime to run
+            add(name, variant)
     if not built:
         raise errors[0] if errors else KorchError("no compiled unit: no variant applies to this graph")
     inputs = example_inputs(graph, device)
+    seconds = _median_seconds({name: loaded for name, (_, loaded) in built.items()}, inputs, device)
+    best = min(seconds, key=seconds.get) if seconds else next(iter(built))
+    choice = {"weights": best}
+    if any(node.op in (Op.CONV, Op.CONV_TRANSPOSE) for node in graph.nodes):
+        choice["boundaries"] = "channels-last"
+        nchw = f"{best}, NCHW between kernels"
+        add(nchw, dataclasses.replace(VARIANTS[best], channels_last_boundaries=False))
+        if nchw in built:
+            again = _median_seconds({name: built[name][1] for name in (best, nchw)}, inputs, device)
+            seconds.update({f"{best}, channels-last between kernels": again[best], nchw: again[nchw]})
+            if again[nchw] < again[best]:
+                best, choice["boundaries"] = nchw, "NCHW"
+    choice["measured_ms"] = {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}
+    if VARIANTS[choice["weights"]].ort_kernels:
+        choice["libraries"] = [ort_gemm.LIBRARY_FILE]
+    return built[best][0], choice
+
+
+def _median_seconds(units: dict, inputs, device: str) -> dict[str, float]:
+    """Each unit's latency, the units taking turns (``CHOICE_ROUNDS`` rounds, median of the rounds' medians)."""
+    from korch.backends.timing import take_turns, time_kernel
 
     def median_s(name: str, round_: int) -> float:
-        loaded = built[name][1]
-        return time_kernel(lambda i: loaded(*inputs), device=device, budget_s=0.3, min_repeats=1,
+        return time_kernel(lambda i: units[name](*inputs), device=device, budget_s=0.3, min_repeats=1,
                            warmup=1 if round_ == 0 else 0, warmup_s=0.0).median_s
 
     with torch.inference_mode():
-        medians = take_turns(list(built), median_s, CHOICE_ROUNDS if len(built) > 1 else 0)
-    seconds = {name: float(np.median(m)) for name, m in medians.items() if m}
-    best = min(seconds, key=seconds.get) if seconds else next(iter(built))
-    choice = {"weights": best, "measured_ms": {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}}
-    if VARIANTS[best].ort_kernels:
-        choice["libraries"] = [ort_gemm.LIBRARY_FILE]
-    return built[best][0], choice
+        medians = take_turns(list(units), median_s, CHOICE_ROUNDS if len(units) > 1 else 0)
+    return {name: float(np.median(m)) for name, m in medians.items() if m}
 
 
 def library_files(choice: dict) -> dict[str, bytes]:

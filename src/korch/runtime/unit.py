@@ -195,9 +195,14 @@ def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
                 value = self.env.get(source)
                 if isinstance(value, ir.TensorBox):
                     value.realize()
-                    if channels_last and source in self.nodes_prefer_channels_last:
-                        _lay_out_channels_last(value)
-        return run_node(self, n)
+        result = run_node(self, n)
+        # laid out here, as the value is made, before any reader has seen its layout (a reader's view of it
+        # bakes in the strides it had then)
+        if channels_last and isinstance(result, ir.TensorBox) and n in self.nodes_prefer_channels_last and \
+                any(_kernel_of(user) != kernel for user in n.users):
+            result.realize()
+            _lay_out_channels_last(result)
+        return result
 
     def kernels(snode) -> set:
         return {_kernel_of(origin) for s in snode.get_nodes() if s.node is not None

@@ -268,18 +268,16 @@ def test_gemms_by_onnx_runtime_compute_each_units_own_product():
 
 
 @pytest.mark.parametrize("channels_last", [True, False])
-def test_a_value_a_convolution_reads_crosses_kernel_boundaries_channels_last(monkeypatch, channels_last):
+def test_a_value_a_convolution_reads_crosses_kernel_boundaries_channels_last(channels_last):
     """Two kernels' outputs concatenated for a convolution in a third: Inductor's layout optimization wants the
-    convolution's input channels-last, and the values realized at the boundaries are stored that way, so the
-    concatenation is too; left in NCHW, the concatenation was stored NCHW and copied to channels-last for the
-    convolution (a third of Segformer-B0's unit)."""
+    convolution's input channels-last. With channels-last boundaries the concatenation is laid out that way and
+    both kernels store into it (two stores, and the output's); in NCHW it is stored NCHW and copied to
+    channels-last for the convolution (a third of Segformer-B0's unit)."""
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.utils import run_and_get_code
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.traceback import annotate, preserve_node_meta
 
-    if not channels_last:
-        monkeypatch.setattr(unit, "_lay_out_channels_last", lambda value: None)
     weight = torch.randn(16, 32, 1, 1)
 
     def three_kernels(x):
@@ -293,11 +291,11 @@ def test_a_value_a_convolution_reads_crosses_kernel_boundaries_channels_last(mon
     x = torch.randn(1, 16, 8, 8)
     with preserve_node_meta():
         gm = make_fx(three_kernels)(x)
-    with unit.kernel_boundaries(), torch.no_grad():
+    with unit.kernel_boundaries(channels_last), torch.no_grad():
         got, codes = run_and_get_code(lambda: compile_fx(gm, [x])(x))
     torch.testing.assert_close(got[0], three_kernels(x)[0])
     code = "\n".join(codes)
     nchw_concatenation = "(1, 32, 8, 8), (2048, 64, 8, 1)"  # a buffer's size and strides in the wrapper
-    channels_last_concatenation = "(1, 32, 8, 8), (2048, 1, 256, 32)"
     assert (nchw_concatenation in code) != channels_last, code
-    assert channels_last_concatenation in code  # what the convolution reads, either way
+    assert "(1, 32, 8, 8), (2048, 1, 256, 32)" in code  # the channels-last one the convolution reads, either way
+    assert sum(_stores(c) for c in codes) == (3 if channels_last else 4), code

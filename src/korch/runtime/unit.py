@@ -65,6 +65,7 @@ from korch.orchestrate.plan import Plan
 
 UNIT_FILE = "model.pt2"
 _TAG = "korch_kernel"
+_CAT = torch.ops.aten.cat.default
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
@@ -195,11 +196,15 @@ def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
                 value = self.env.get(source)
                 if isinstance(value, ir.TensorBox):
                     value.realize()
-        result = run_node(self, n)
+        wants_channels_last = channels_last and n in self.nodes_prefer_channels_last
+        with _channels_last_concatenation() if wants_channels_last and n.target is _CAT else contextlib.nullcontext():
+            result = run_node(self, n)
+        readers = [user for user in n.users if _kernel_of(user) != kernel]
         # laid out here, as the value is made, before any reader has seen its layout (a reader's view of it
-        # bakes in the strides it had then)
-        if channels_last and isinstance(result, ir.TensorBox) and n in self.nodes_prefer_channels_last and \
-                any(_kernel_of(user) != kernel for user in n.users):
+        # bakes in the strides it had then); a value only channels-last concatenations read is left to them:
+        # they store it into their own buffer, where a value laid out already would be copied
+        if wants_channels_last and isinstance(result, ir.TensorBox) and readers and \
+                not all(user.target is _CAT and user in self.nodes_prefer_channels_last for user in readers):
             result.realize()
             _lay_out_channels_last(result)
         return result
@@ -215,12 +220,32 @@ def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
 
     GraphLowering.run_node, Scheduler._can_fuse_impl = realizing_run_node, same_kernel_fuse
     try:
-        # the FX graph cache's key knows nothing of these patches: a graph compiled without them must not
-        # answer for one compiled with them, nor the other way round
-        with torch._inductor.config.patch(fx_graph_cache=False):
+        # the compilers' caches (Inductor's FX graph cache, AOTAutograd's) key nothing of these patches: a
+        # graph compiled without them, or with the other boundary layout, must not answer for this one
+        with torch._inductor.config.patch(fx_graph_cache=False), \
+                torch._functorch.config.patch(enable_autograd_cache=False):
             yield
     finally:
         GraphLowering.run_node, Scheduler._can_fuse_impl = run_node, can_fuse
+
+
+@contextlib.contextmanager
+def _channels_last_concatenation() -> Iterator[None]:
+    """While a concatenation a convolution reads is lowered, its buffer is channels-last: Inductor lays one out
+    NCHW unless an input is channels-last already, and then copies it for the convolution."""
+    from torch._inductor import ir
+
+    contiguous = ir.FlexibleLayout.contiguous_strides
+
+    def strides(sizes):
+        return ir.FlexibleLayout.stride_ordered_for_memory_format(sizes, torch.channels_last) \
+            if len(sizes) == 4 else contiguous(sizes)
+
+    ir.FlexibleLayout.contiguous_strides = staticmethod(strides)
+    try:
+        yield
+    finally:
+        ir.FlexibleLayout.contiguous_strides = staticmethod(contiguous)
 
 
 def _lay_out_channels_last(value) -> None:

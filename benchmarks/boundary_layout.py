@@ -16,11 +16,15 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+# a pause before each system's turn: the threads of the one before (ONNX Runtime's pool spins after a run)
+# would otherwise compete with it (a unit timed after ONNX Runtime ran 10.7 ms alone and 22.8 ms in turn)
+SETTLE_S = 0.2
 SYSTEMS = ("unit, NCHW between kernels", "unit, channels-last between kernels", "torch.compile", "onnxruntime")
 
 
@@ -56,6 +60,8 @@ def compare(outdir: Path, model: str, rounds: int, calls: int) -> dict:
             round_median_s(fn, calls)  # warm-up (torch.compile compiles here)
         for _ in range(rounds):
             for name, fn in calls_of.items():
+                time.sleep(SETTLE_S)
+                fn()  # untimed: the first call after the pause wakes the threads
                 medians[name].append(round_median_s(fn, calls))
     ms = {name: float(np.median(m)) * 1e3 for name, m in medians.items()}
     channels_last = ms["unit, channels-last between kernels"]
@@ -71,7 +77,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pairs", nargs="+", help="OUTDIR=zoo:NAME (an executable of that zoo model)")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--calls", type=int, default=3, help="timed calls per system and round")
+    parser.add_argument("--calls", type=int, default=5, help="timed calls per system and round")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one pair in this process
     args = parser.parse_args(argv)

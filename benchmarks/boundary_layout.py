@@ -16,15 +16,11 @@ import dataclasses
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-# a pause before each system's turn: the threads of the one before (ONNX Runtime's pool spins after a run)
-# would otherwise compete with it (a unit timed after ONNX Runtime ran 10.7 ms alone and 22.8 ms in turn)
-SETTLE_S = 0.2
 SYSTEMS = ("unit, NCHW between kernels", "unit, channels-last between kernels", "torch.compile", "onnxruntime")
 
 
@@ -36,7 +32,7 @@ def compare(outdir: Path, model: str, rounds: int, calls: int) -> dict:
     from korch.orchestrate.plan import Plan
     from korch.runtime import bundle, unit
     from korch.runtime.selfcheck import seeded_inputs
-    from interleaved_ort import round_median_s
+    from interleaved_ort import round_median_s, turn_median_s
 
     manifest = json.loads((outdir / "manifest.json").read_text())
     graph = bundle.graph_from_bytes((outdir / "graph.json").read_bytes(), (outdir / "weights.npz").read_bytes())
@@ -60,9 +56,7 @@ def compare(outdir: Path, model: str, rounds: int, calls: int) -> dict:
             round_median_s(fn, calls)  # warm-up (torch.compile compiles here)
         for _ in range(rounds):
             for name, fn in calls_of.items():
-                time.sleep(SETTLE_S)
-                fn()  # untimed: the first call after the pause wakes the threads
-                medians[name].append(round_median_s(fn, calls))
+                medians[name].append(turn_median_s(fn, calls))
     ms = {name: float(np.median(m)) * 1e3 for name, m in medians.items()}
     channels_last = ms["unit, channels-last between kernels"]
     return {"model": model, "unit_weights": manifest["unit"]["weights"],

@@ -1,5 +1,5 @@
 """korch's executables against ONNX Runtime, interleaved in rounds in one process: ratios a slow spell of a
-shared machine cannot bias.
+shared machine cannot bias (each turn starts after a pause, ``turn_median_s``).
 
 ``korch bench`` (and so ``zoo_bench.py``) times each system in one block; on a shared host a slow spell can
 fall on one system's block and move a ratio by 10% or more. Here each round times every system for a few
@@ -20,6 +20,19 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# a pause before each system's turn: the threads of the one before (ONNX Runtime's pool spins after a run)
+# would otherwise compete with its first calls (a unit timed right after ONNX Runtime read 16-23 ms in turns
+# of 3 calls, 11 ms alone)
+SETTLE_S = 0.2
+
+
+def turn_median_s(fn, calls: int) -> float:
+    """One system's turn: a pause, an untimed call that wakes its threads, then the median of ``calls``."""
+    time.sleep(SETTLE_S)
+    fn()
+    return round_median_s(fn, calls)
 
 
 def round_median_s(fn, calls: int) -> float:
@@ -53,7 +66,7 @@ def compare(outdir: Path, rounds: int, calls: int) -> dict:
             round_median_s(fn, calls)  # warm-up
         for _ in range(rounds):
             for name, fn in systems.items():
-                medians[name].append(round_median_s(fn, calls))
+                medians[name].append(turn_median_s(fn, calls))
     korch_s, ort_s = (float(np.median(medians[name])) for name in systems)
     return {"korch_ms": round(korch_s * 1e3, 3), "onnxruntime_ms": round(ort_s * 1e3, 3),
             "onnxruntime_over_korch": round(ort_s / korch_s, 3)}

@@ -125,7 +125,7 @@ def cmd_optimize(args) -> int:
             compiled_unit=False if args.kernel_by_kernel else None, progress=_callbacks(progress, task),
             precision=args.precision, cuda_graph=False if args.no_cuda_graph else None,
             tolerance=args.tolerance, check_inputs=read_npz(args.check_inputs, "--check-inputs"),
-            input_values=input_values(args))
+            input_values=input_values(args), unit_boundaries=args.unit_boundaries)
     out = args.output
     plan = result.plan
     optimal = all(s.optimal for s in plan.segments)
@@ -370,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan-only", action="store_true", help="write the plan and the reports, no executable")
     p.add_argument("--kernel-by-kernel", action="store_true",
                    help="on a CPU, run the kernels one call at a time instead of compiling the plan into one unit")
+    p.add_argument("--unit-boundaries", choices=("measured", "nchw", "channels-last"),
+                   help="on a CPU, how the compiled unit stores the values a convolution reads between kernels "
+                        "(default: measured, the faster of both)")
     p.add_argument("--check-inputs", type=Path, metavar="FILE.npz",
                    help="inputs (by name) for the check against ONNX Runtime; others are seeded random")
     p.add_argument("--dynamic", metavar="NAME=LOW..HIGH",

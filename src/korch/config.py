@@ -48,6 +48,11 @@ max_segment_nodes: int = int(os.environ.get("KORCH_MAX_SEGMENT_NODES", "2000"))
 # executable runs kernel by kernel; `--kernel-by-kernel` turns it off for one command.
 compiled_unit: bool = os.environ.get("KORCH_COMPILED_UNIT", "1") != "0"
 
+# How a compiled unit stores the 4-D values a convolution reads between kernels (runtime/unit.py): "measured"
+# (channels-last and NCHW both compiled for graphs with convolutions, the faster kept), "nchw" or
+# "channels-last"; `--unit-boundaries` sets it for one command.
+unit_boundaries: str = os.environ.get("KORCH_UNIT_BOUNDARIES", "measured")
+
 # How float32 matrix products are computed on a GPU: "fp32" (exact) or "tf32" (tensor cores); see precision.py.
 precision: str = os.environ.get("KORCH_PRECISION", "fp32")
 

@@ -81,7 +81,8 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
              cut_points: str | None = None, max_kernel_nodes: int | None = None, plan_only: bool = False,
              compiled_unit: bool | None = None, progress: Progress | None = None,
              precision: str | None = None, cuda_graph: bool | None = None, tolerance: float | None = None,
-             check_inputs: Mapping | None = None, input_values: Mapping | None = None) -> Optimized:
+             check_inputs: Mapping | None = None, input_values: Mapping | None = None,
+             unit_boundaries: str | None = None) -> Optimized:
     """The optimal plan of ``model`` (a path, ``zoo:NAME`` or a ModelProto) for ``target``, and with
     ``output`` its executable, built, checked against ONNX Runtime and written there.
 
@@ -99,6 +100,8 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     (``runtime/unit.py``) where it can be. ``precision`` (default ``config.precision``): how a GPU computes
     float32 products, korch's kernels and the libraries alike (``korch/precision.py``). ``cuda_graph``
     (default ``config.cuda_graph``): a GPU executable replays a CUDA graph; a capture that fails is an error.
+    ``unit_boundaries`` (default ``config.unit_boundaries``): how a compiled unit lays out the values a
+    convolution reads between kernels, "measured", "nchw" or "channels-last" (``runtime/unit.py``).
     """
     from korch import config
     from korch import precision as policies
@@ -111,7 +114,13 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     if tolerance is not None and not 0 < tolerance < 1:
         raise KorchError(f"--tolerance is a relative norm between 0 and 1, got {tolerance:g}")
     check = _Check(tolerance, dict(check_inputs) if check_inputs is not None else None, input_values)
-    with policies.use(policy), config.patch(cuda_graph=config.cuda_graph if cuda_graph is None else cuda_graph):
+    boundaries = unit_boundaries or config.unit_boundaries
+    from korch.runtime.unit import BOUNDARY_CHOICES
+
+    if boundaries not in BOUNDARY_CHOICES:
+        raise KorchError(f"unknown unit boundary layout {boundaries!r}; known: {', '.join(BOUNDARY_CHOICES)}")
+    with policies.use(policy), config.patch(cuda_graph=config.cuda_graph if cuda_graph is None else cuda_graph,
+                                            unit_boundaries=boundaries):
         return _optimize(model, output=output, target=target, cost=cost, db=db, jobs=jobs, input_shapes=input_shapes,
                          time_limit=time_limit, cut_points=cut_points, max_kernel_nodes=max_kernel_nodes,
                          plan_only=plan_only, compiled_unit=compiled_unit, progress=progress, check=check)

@@ -9,11 +9,13 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
 from korch import config, precision
 from korch.backends import ort_gemm
+from korch.errors import KorchError
 from korch.pipeline import optimize
 from korch.runtime import unit
 from korch.ir.ort import run_model
@@ -96,8 +98,6 @@ def test_a_unit_built_elsewhere_is_a_one_line_error(unit_dir, tmp_path, key, val
 
 
 def test_kernel_by_kernel_on_request(tmp_path):
-    import onnx
-
     onnx.save(_two_output_model(), tmp_path / "m.onnx")
     result = korch("optimize", tmp_path / "m.onnx", "-o", tmp_path / "out", "--target", "cpu", "--cost", "roofline",
                    "-q", "--kernel-by-kernel")
@@ -147,7 +147,6 @@ def test_inductor_keeps_planned_kernels_apart(bounded):
 def test_a_constant_pad_fill_is_read_once_not_on_every_call():
     """EfficientViT pads with 1.0: the fill is baked in when the kernel is made, so the plan exports (no
     data-dependent ``.item()``, which also breaks CUDA graph capture) and matches ONNX Runtime."""
-    import onnx
     from onnx import TensorProto, helper
 
     from korch.ir.ort import run_model
@@ -170,7 +169,6 @@ def test_a_constant_pad_fill_is_read_once_not_on_every_call():
 def test_an_embedding_lookup_is_a_primitive_inside_the_unit():
     """Gather with run-time indices is a GATHER primitive (negative indices counting from the end as ONNX
     says), fused with what follows, so a text model is one unit with no opaque node."""
-    import onnx
     from onnx import TensorProto, helper
 
     from korch.ir.ops import Op
@@ -195,7 +193,6 @@ def test_an_embedding_lookup_is_a_primitive_inside_the_unit():
 
 
 def _matmul_relu_model(shape=(4, 16), seed=0):
-    import onnx
     from onnx import TensorProto, helper
 
     weight = np.random.default_rng(seed).standard_normal((shape[-1], 8)).astype(np.float32)
@@ -299,3 +296,20 @@ def test_a_value_a_convolution_reads_crosses_kernel_boundaries_channels_last(cha
     assert (nchw_concatenation in code) != channels_last, code
     assert "(1, 32, 8, 8), (2048, 1, 256, 32)" in code  # the channels-last one the convolution reads, either way
     assert sum(_stores(c) for c in codes) == (3 if channels_last else 4), code
+
+
+@pytest.mark.parametrize("boundaries, stored", [("nchw", "NCHW"), ("channels-last", "channels-last")])
+def test_the_boundary_layout_can_be_fixed_instead_of_measured(boundaries, stored):
+    """``--unit-boundaries nchw`` or ``channels-last``: no second compile, no timing of the layouts, the
+    layout the user asked for."""
+    result = optimize(_two_output_model(), target="cpu", cost="roofline")
+    with config.patch(unit_boundaries=boundaries):
+        _, choice = unit.choose_unit(result.graph, result.plan)
+    assert choice["boundaries"] == stored
+    assert not any("between kernels" in name for name in choice["measured_ms"])
+
+
+def test_an_unknown_boundary_layout_is_a_one_line_error(tmp_path):
+    onnx.save(_two_output_model(), tmp_path / "m.onnx")
+    with pytest.raises(KorchError, match="unknown unit boundary layout 'nhwc'"):
+        optimize(str(tmp_path / "m.onnx"), target="cpu", cost="roofline", unit_boundaries="nhwc")

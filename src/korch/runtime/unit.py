@@ -83,6 +83,8 @@ class Variant:
 VARIANTS = {"packed for oneDNN": Variant(prepack=True), "as given to ATen": Variant(prepack=False),
             "MLAS by ONNX Runtime": Variant(prepack=True, ort_kernels=True)}
 CHOICE_ROUNDS = 3
+# the layouts of values a convolution reads between kernels (config.unit_boundaries, --unit-boundaries)
+BOUNDARY_CHOICES = ("measured", "nchw", "channels-last")
 # the ONNX Runtime variant's name until its softmaxes and products of activations (2026-11-24)
 _EARLIER_ORT_VARIANT = "GEMMs by ONNX Runtime"
 
@@ -323,7 +325,14 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     """The fastest of the plan's units over ``VARIANTS``, and what was measured: the variants take turns
     (``CHOICE_ROUNDS`` rounds, median of the rounds' medians). A variant that fails to compile is left out;
     if all fail, the first failure is raised. A graph with convolutions then has the fastest also compiled with
-    NCHW values between its kernels, and the two take turns again."""
+    NCHW values between its kernels, and the two take turns again; ``config.unit_boundaries`` ("nchw",
+    "channels-last") instead fixes that layout for every variant."""
+    from korch import config
+
+    boundaries = config.unit_boundaries
+    if boundaries not in BOUNDARY_CHOICES:
+        raise KorchError(f"unknown unit boundary layout {boundaries!r}; known: {', '.join(BOUNDARY_CHOICES)}")
+    convolutions = any(node.op in (Op.CONV, Op.CONV_TRANSPOSE) for node in graph.nodes)
     built, errors = {}, []
 
     def add(name: str, variant: Variant) -> None:
@@ -335,15 +344,16 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
 
     for name, variant in VARIANTS.items():
         if not variant.ort_kernels or ort_gemm.any_eligible(graph):  # else nothing for ONNX Runtime to run
-            add(name, variant)
+            add(name, dataclasses.replace(variant, channels_last_boundaries=boundaries != "nchw"))
     if not built:
         raise errors[0] if errors else KorchError("no compiled unit: no variant applies to this graph")
     inputs = example_inputs(graph, device)
     seconds = _median_seconds({name: loaded for name, (_, loaded) in built.items()}, inputs, device)
     best = min(seconds, key=seconds.get) if seconds else next(iter(built))
     choice = {"weights": best}
-    if any(node.op in (Op.CONV, Op.CONV_TRANSPOSE) for node in graph.nodes):
-        choice["boundaries"] = "channels-last"
+    if convolutions:
+        choice["boundaries"] = "NCHW" if boundaries == "nchw" else "channels-last"
+    if convolutions and boundaries == "measured":
         nchw = f"{best}, NCHW between kernels"
         add(nchw, dataclasses.replace(VARIANTS[best], channels_last_boundaries=False))
         if nchw in built:

@@ -18,21 +18,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("unit, NCHW between kernels", "unit, channels-last between kernels", "torch.compile", "onnxruntime")
 
 
 def compare(outdir: Path, model: str, rounds: int, calls: int) -> dict:
-    import onnxruntime
     import torch
 
     from korch import zoo
     from korch.orchestrate.plan import Plan
     from korch.runtime import bundle, unit
     from korch.runtime.selfcheck import seeded_inputs
-    from interleaved_ort import round_median_s, turn_median_s
+    from interleaved_ort import interleaved_ms, ort_session
 
     manifest = json.loads((outdir / "manifest.json").read_text())
     graph = bundle.graph_from_bytes((outdir / "graph.json").read_bytes(), (outdir / "weights.npz").read_bytes())
@@ -44,20 +42,10 @@ def compare(outdir: Path, model: str, rounds: int, calls: int) -> dict:
     inputs = [torch.from_numpy(feed[name]) for name in graph.inputs]
     module, examples = zoo.build(model.removeprefix("zoo:"))
     compiled = torch.compile(module.eval())
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    session = onnxruntime.InferenceSession(str(outdir / "reference.onnx"), options,
-                                           providers=["CPUExecutionProvider"])
-    calls_of = dict(zip(SYSTEMS, (lambda: units[0](*inputs), lambda: units[1](*inputs), lambda: compiled(*examples),
-                                  lambda: session.run(None, feed))))
-    medians = {name: [] for name in SYSTEMS}
-    with torch.inference_mode():
-        for fn in calls_of.values():
-            round_median_s(fn, calls)  # warm-up (torch.compile compiles here)
-        for _ in range(rounds):
-            for name, fn in calls_of.items():
-                medians[name].append(turn_median_s(fn, calls))
-    ms = {name: float(np.median(m)) * 1e3 for name, m in medians.items()}
+    session = ort_session(outdir / "reference.onnx")
+    ms = interleaved_ms(dict(zip(SYSTEMS, (lambda: units[0](*inputs), lambda: units[1](*inputs),
+                                           lambda: compiled(*examples), lambda: session.run(None, feed)))),
+                        rounds, calls)
     channels_last = ms["unit, channels-last between kernels"]
     return {"model": model, "unit_weights": manifest["unit"]["weights"],
             "unit_chosen_boundaries": manifest["unit"].get("boundaries"),

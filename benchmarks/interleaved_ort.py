@@ -44,32 +44,46 @@ def round_median_s(fn, calls: int) -> float:
     return float(np.median(samples))
 
 
+def ort_session(model_path: Path):
+    """ONNX Runtime on the CPU with torch's thread count and all graph optimisations (its defaults)."""
+    import onnxruntime
+    import torch
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    return onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+
+
+def interleaved_ms(systems: dict, rounds: int, calls: int) -> dict[str, float]:
+    """Each system's latency in ms: a warm-up turn each, then ``rounds`` rounds of turns, the median of the
+    turns' medians."""
+    import torch
+
+    medians = {name: [] for name in systems}
+    with torch.inference_mode():
+        for fn in systems.values():
+            round_median_s(fn, calls)  # warm-up (torch.compile compiles here)
+        for _ in range(rounds):
+            for name, fn in systems.items():
+                medians[name].append(turn_median_s(fn, calls))
+    return {name: float(np.median(m)) * 1e3 for name, m in medians.items()}
+
+
 def compare(outdir: Path, rounds: int, calls: int) -> dict:
     """Median latency of the executable in ``outdir`` and of ONNX Runtime on its reference model, in turns."""
-    import onnxruntime
     import torch
 
     import korch
     from korch.runtime.selfcheck import seeded_inputs
 
     executable = korch.load(outdir)
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    session = onnxruntime.InferenceSession(str(outdir / "reference.onnx"), options,
-                                           providers=["CPUExecutionProvider"])
+    session = ort_session(outdir / "reference.onnx")
     feed = seeded_inputs(executable.input_specs)
     inputs = [torch.from_numpy(feed[name]) for name in executable.input_specs]
-    systems = {"korch": lambda: executable(*inputs), "onnxruntime": lambda: session.run(None, feed)}
-    medians = {name: [] for name in systems}
-    with torch.inference_mode():
-        for fn in systems.values():
-            round_median_s(fn, calls)  # warm-up
-        for _ in range(rounds):
-            for name, fn in systems.items():
-                medians[name].append(turn_median_s(fn, calls))
-    korch_s, ort_s = (float(np.median(medians[name])) for name in systems)
-    return {"korch_ms": round(korch_s * 1e3, 3), "onnxruntime_ms": round(ort_s * 1e3, 3),
-            "onnxruntime_over_korch": round(ort_s / korch_s, 3)}
+    ms = interleaved_ms({"korch": lambda: executable(*inputs), "onnxruntime": lambda: session.run(None, feed)},
+                        rounds, calls)
+    return {"korch_ms": round(ms["korch"], 3), "onnxruntime_ms": round(ms["onnxruntime"], 3),
+            "onnxruntime_over_korch": round(ms["onnxruntime"] / ms["korch"], 3)}
 
 
 def main(argv=None) -> int:

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from korch import config
 from korch.cli_inputs import input_shapes, input_values, read_npz
 from korch.cli_run import cmd_run
 from korch.errors import KorchError
@@ -164,8 +165,6 @@ def cmd_bench(args) -> int:
         task = progress.add_task("starting", total=None)
         outdir = args.output
         if outdir is None:
-            from korch import config
-
             name = Path(args.model).stem.removeprefix("zoo:")
             outdir = Path(config.cache_dir) / "bench" / f"{name}-{args.target or 'auto'}-{args.cost}"
         optimized = optimize(args.model, output=outdir, target=args.target, cost=args.cost, db=args.db,
@@ -370,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan-only", action="store_true", help="write the plan and the reports, no executable")
     p.add_argument("--kernel-by-kernel", action="store_true",
                    help="on a CPU, run the kernels one call at a time instead of compiling the plan into one unit")
-    p.add_argument("--unit-boundaries", choices=("measured", "nchw", "channels-last"),
+    p.add_argument("--unit-boundaries", choices=config.UNIT_BOUNDARIES,
                    help="on a CPU, how the compiled unit stores the values a convolution reads between kernels "
                         "(default: measured, the faster of both)")
     p.add_argument("--check-inputs", type=Path, metavar="FILE.npz",

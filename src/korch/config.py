@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from korch.errors import KorchError
+
 
 def _env_path(name: str, default: Path) -> Path:
     value = os.environ.get(name)
@@ -51,7 +53,15 @@ compiled_unit: bool = os.environ.get("KORCH_COMPILED_UNIT", "1") != "0"
 # How a compiled unit stores the 4-D values a convolution reads between kernels (runtime/unit.py): "measured"
 # (channels-last and NCHW both compiled for graphs with convolutions, the faster kept), "nchw" or
 # "channels-last"; `--unit-boundaries` sets it for one command.
+UNIT_BOUNDARIES = ("measured", "nchw", "channels-last")
 unit_boundaries: str = os.environ.get("KORCH_UNIT_BOUNDARIES", "measured")
+
+
+def checked_unit_boundaries(value: str) -> str:
+    """``value`` if it is one of ``UNIT_BOUNDARIES``, else a one-line error."""
+    if value not in UNIT_BOUNDARIES:
+        raise KorchError(f"unknown unit boundary layout {value!r}; known: {', '.join(UNIT_BOUNDARIES)}")
+    return value
 
 # How float32 matrix products are computed on a GPU: "fp32" (exact) or "tf32" (tensor cores); see precision.py.
 precision: str = os.environ.get("KORCH_PRECISION", "fp32")

@@ -114,11 +114,7 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     if tolerance is not None and not 0 < tolerance < 1:
         raise KorchError(f"--tolerance is a relative norm between 0 and 1, got {tolerance:g}")
     check = _Check(tolerance, dict(check_inputs) if check_inputs is not None else None, input_values)
-    boundaries = unit_boundaries or config.unit_boundaries
-    from korch.runtime.unit import BOUNDARY_CHOICES
-
-    if boundaries not in BOUNDARY_CHOICES:
-        raise KorchError(f"unknown unit boundary layout {boundaries!r}; known: {', '.join(BOUNDARY_CHOICES)}")
+    boundaries = config.checked_unit_boundaries(unit_boundaries or config.unit_boundaries)
     with policies.use(policy), config.patch(cuda_graph=config.cuda_graph if cuda_graph is None else cuda_graph,
                                             unit_boundaries=boundaries):
         return _optimize(model, output=output, target=target, cost=cost, db=db, jobs=jobs, input_shapes=input_shapes,

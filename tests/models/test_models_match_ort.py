@@ -7,7 +7,6 @@ ONNX export both match ONNX Runtime on the original model (max relative error
 Gather on token ids, included).
 """
 
-import copy
 import dataclasses
 import glob
 import os
@@ -37,22 +36,10 @@ def max_relative_error(got: np.ndarray, want: np.ndarray) -> float:
 FLOAT32_NOISE = 1e-6  # the relative difference two float32 summation orders may make
 
 
-def _with_outputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
-    model = copy.deepcopy(model)
-    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names)
-    return model
-
-
-def _compared(path: str, graph, feeds) -> dict[str, str]:
-    """Which tensor each output is compared by: itself, or, for a softmax of logits so large that float32
-    noise in them moves its exponents by more than 1 (the light models' random weights make logits of 8e11:
-    ONNX Runtime's are equal and its softmax uniform, another summation order's are not), the logits."""
-    model = onnx.load(path)
+def _softmax_logits(model: onnx.ModelProto, graph) -> dict[str, str]:
+    """Graph output -> the logits the Softmax that makes it reads, where korch's graph keeps that tensor."""
     softmax_of = {node.output[0]: node.input[0] for node in model.graph.node if node.op_type == "Softmax"}
-    logits = {name: softmax_of[name] for name in graph.outputs if softmax_of.get(name) in graph.tensors}
-    values = run_model(_with_outputs(model, logits.values()), feeds) if logits else {}
-    return {name: logits[name] if name in logits and
-            float(np.max(np.abs(values[logits[name]]))) * FLOAT32_NOISE > 1 else name for name in graph.outputs}
+    return {name: softmax_of[name] for name in graph.outputs if softmax_of.get(name) in graph.tensors}
 
 
 def check_model(path: str) -> None:
@@ -61,10 +48,16 @@ def check_model(path: str) -> None:
         imported, graph, report = load_model(path)
     assert not report.opaque, f"operators left opaque: {report.opaque}"
     feeds = random_inputs({n: (graph.tensors[n].shape, graph.tensors[n].dtype) for n in graph.inputs}, seed=1)
-    want = run_model(path, feeds)
-    compared = _compared(path, graph, feeds)
+    model = onnx.load(path)
+    logits = _softmax_logits(model, graph)
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in logits.values())
+    want = run_model(model, feeds)
+    # a softmax of logits so large that float32 noise in them moves its exponents by more than 1 is compared
+    # by its logits (the light models' random weights make logits of 8e11: ONNX Runtime's are equal and its
+    # softmax uniform, another summation order's are not)
+    compared = {name: logits[name] if name in logits and
+                float(np.max(np.abs(want[logits[name]]))) * FLOAT32_NOISE > 1 else name for name in graph.outputs}
     extra = [t for t in compared.values() if t not in graph.outputs]
-    want.update(run_model(_with_outputs(onnx.load(path), extra), feeds) if extra else {})
     ours = interpret.run(graph, feeds, outputs=[*graph.outputs, *extra])
     exported = run_model(to_onnx(dataclasses.replace(graph, outputs=[*graph.outputs, *extra])), feeds)
     for name, tensor in compared.items():

@@ -83,8 +83,6 @@ class Variant:
 VARIANTS = {"packed for oneDNN": Variant(prepack=True), "as given to ATen": Variant(prepack=False),
             "MLAS by ONNX Runtime": Variant(prepack=True, ort_kernels=True)}
 CHOICE_ROUNDS = 3
-# the layouts of values a convolution reads between kernels (config.unit_boundaries, --unit-boundaries)
-BOUNDARY_CHOICES = ("measured", "nchw", "channels-last")
 # the ONNX Runtime variant's name until its softmaxes and products of activations (2026-11-24)
 _EARLIER_ORT_VARIANT = "GEMMs by ONNX Runtime"
 
@@ -198,14 +196,15 @@ def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
                 value = self.env.get(source)
                 if isinstance(value, ir.TensorBox):
                     value.realize()
-        wants_channels_last = channels_last and n in self.nodes_prefer_channels_last
-        with _channels_last_concatenation() if wants_channels_last and n.target is _CAT else contextlib.nullcontext():
+        if not (channels_last and n in self.nodes_prefer_channels_last):
+            return run_node(self, n)
+        with _channels_last_concatenation() if n.target is _CAT else contextlib.nullcontext():
             result = run_node(self, n)
         readers = [user for user in n.users if _kernel_of(user) != kernel]
         # laid out here, as the value is made, before any reader has seen its layout (a reader's view of it
         # bakes in the strides it had then); a value only channels-last concatenations read is left to them:
         # they store it into their own buffer, where a value laid out already would be copied
-        if wants_channels_last and isinstance(result, ir.TensorBox) and readers and \
+        if isinstance(result, ir.TensorBox) and readers and \
                 not all(user.target is _CAT and user in self.nodes_prefer_channels_last for user in readers):
             result.realize()
             _lay_out_channels_last(result)
@@ -235,6 +234,8 @@ def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
 def _channels_last_concatenation() -> Iterator[None]:
     """While a concatenation a convolution reads is lowered, its buffer is channels-last: Inductor lays one out
     NCHW unless an input is channels-last already, and then copies it for the convolution."""
+    from unittest import mock
+
     from torch._inductor import ir
 
     contiguous = ir.FlexibleLayout.contiguous_strides
@@ -243,11 +244,8 @@ def _channels_last_concatenation() -> Iterator[None]:
         return ir.FlexibleLayout.stride_ordered_for_memory_format(sizes, torch.channels_last) \
             if len(sizes) == 4 else contiguous(sizes)
 
-    ir.FlexibleLayout.contiguous_strides = staticmethod(strides)
-    try:
+    with mock.patch.object(ir.FlexibleLayout, "contiguous_strides", staticmethod(strides)):
         yield
-    finally:
-        ir.FlexibleLayout.contiguous_strides = staticmethod(contiguous)
 
 
 def _lay_out_channels_last(value) -> None:
@@ -329,9 +327,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     "channels-last") instead fixes that layout for every variant."""
     from korch import config
 
-    boundaries = config.unit_boundaries
-    if boundaries not in BOUNDARY_CHOICES:
-        raise KorchError(f"unknown unit boundary layout {boundaries!r}; known: {', '.join(BOUNDARY_CHOICES)}")
+    boundaries = config.checked_unit_boundaries(config.unit_boundaries)
     convolutions = any(node.op in (Op.CONV, Op.CONV_TRANSPOSE) for node in graph.nodes)
     built, errors = {}, []
 

@@ -122,3 +122,70 @@ def test_tanh_through_a_sigmoid_matches_onnx_runtime_over_the_whole_range():
     _, graph, _ = load_model(model)
     got = kernel_function(graph, "cpu")(torch.from_numpy(x))[0].numpy()
     np.testing.assert_allclose(got, run_model(model, {"x": x})["y"], rtol=0, atol=3e-7)
+
+
+# (input shape, weight shape, Conv attributes): the pointwise ones a product computes, and convolutions that
+# are not pointwise (a wider window, a stride, groups, padding) and stay convolutions
+CONV_CASES = {
+    "pointwise_2d": ((2, 6, 5, 7), (4, 6, 1, 1), {}),
+    "pointwise_1d": ((1, 8, 9), (3, 8, 1), {}),
+    "pointwise_3d": ((1, 5, 3, 4, 2), (6, 5, 1, 1, 1), {}),
+    "window": ((1, 6, 5, 7), (4, 6, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "strided": ((1, 6, 6, 6), (4, 6, 1, 1), {"strides": [2, 2]}),
+    "grouped": ((1, 6, 5, 5), (6, 3, 1, 1), {"group": 2}),
+    "padded": ((1, 6, 5, 5), (4, 6, 1, 1), {"pads": [1, 0, 1, 0]}),
+}
+
+
+def _conv_graph(case):
+    x_shape, w_shape, attrs = CONV_CASES[case]
+    weight = np.random.default_rng(1).standard_normal(w_shape).astype(np.float32)
+    model = _model([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], {"x": (F, x_shape)}, {"y": (F, None)},
+                   {"w": weight})
+    x = np.random.default_rng(0).standard_normal(x_shape).astype(np.float32)
+    return model, load_model(model)[1], x
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_convolutions_match_onnx_runtime_in_either_layout(case, channels_last):
+    """Whichever layout the values are stored in, and whether or not the product form applies."""
+    from korch.backends.torch_ops import node_function
+
+    model, graph, x = _conv_graph(case)
+    (node,) = [n for n in graph.nodes if n.op.name == "CONV"]
+    fn = node_function(graph, node, "cpu", channels_last=channels_last)
+    value = torch.from_numpy(x)
+    if channels_last and value.dim() == 4:
+        value = value.to(memory_format=torch.channels_last)
+    (got,) = fn(value, torch.from_numpy(graph.constants[node.inputs[1]]))
+    np.testing.assert_allclose(got.numpy(), run_model(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_pointwise_convolution_is_a_product_that_copies_nothing(channels_last):
+    """A 1x1 convolution is one ``bmm`` over views of its input, in the layout the input is stored in: no
+    convolution, no copy. The output is laid out as the input was."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from korch.backends.torch_ops import node_function
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.called = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.called.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    _, graph, x = _conv_graph("pointwise_2d")
+    (node,) = [n for n in graph.nodes if n.op.name == "CONV"]
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    value = torch.from_numpy(x).to(memory_format=memory_format)
+    weight = torch.from_numpy(graph.constants[node.inputs[1]])
+    with Ops() as ops:
+        (got,) = node_function(graph, node, "cpu", channels_last=channels_last)(value, weight)
+    assert "bmm" in ops.called
+    assert not {"convolution", "clone", "copy_", "contiguous", "_unsafe_view"} & set(ops.called), ops.called
+    assert got.is_contiguous(memory_format=memory_format)

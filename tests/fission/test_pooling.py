@@ -5,6 +5,7 @@ count_include_pad average has a ceil_mode overhang)."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -13,6 +14,7 @@ from onnx import helper
 
 from korch.fission import OpaqueOperatorWarning, fission
 from korch.fission.linear import explicit_pads
+from korch.fission.pooling import SEPARABLE_MAX_POOL
 from korch.frontend import load_onnx
 from korch.ir.ops import Op
 from korch.ir import interpret, ort
@@ -69,7 +71,30 @@ WINDOWS = [
 @pytest.mark.parametrize("shape,attrs", WINDOWS)
 @pytest.mark.parametrize("ceil_mode", [0, 1])
 def test_max_pool(shape, attrs, ceil_mode):
-    assert _ops(_check("MaxPool", shape, 12, ceil_mode=ceil_mode, **attrs)) == [Op.MAX_POOL]
+    kernel = attrs["kernel_shape"]
+    separable = math.prod(kernel) >= SEPARABLE_MAX_POOL * sum(kernel)  # the 3x3x3 window
+    pools = _ops(_check("MaxPool", shape, 12, ceil_mode=ceil_mode, **attrs))
+    assert pools == [Op.MAX_POOL] * (len(kernel) if separable else 1)
+
+
+# large windows: SPP's stride-1 pools, strides with ceil_mode overhangs, dilations, asymmetric pads, 3-D
+LARGE_WINDOWS = [
+    ((1, 3, 13, 13), {"kernel_shape": [13, 13], "pads": [6, 6, 6, 6]}),
+    ((1, 2, 20, 17), {"kernel_shape": [5, 4], "strides": [2, 3], "pads": [2, 0, 1, 3]}),
+    ((2, 2, 19, 21), {"kernel_shape": [4, 5], "strides": [3, 2], "dilations": [2, 1], "pads": [3, 1, 0, 2]}),
+    ((1, 1, 9, 10, 11), {"kernel_shape": [4, 3, 5], "strides": [1, 2, 3], "pads": [1, 0, 2, 2, 1, 0]}),
+]
+
+
+@pytest.mark.parametrize("shape,attrs", LARGE_WINDOWS)
+@pytest.mark.parametrize("ceil_mode", [0, 1])
+def test_large_max_pool_is_one_pool_per_axis(shape, attrs, ceil_mode):
+    graph = _check("MaxPool", shape, 12, ceil_mode=ceil_mode, **attrs)
+    k = len(attrs["kernel_shape"])
+    assert _ops(graph) == [Op.MAX_POOL] * k
+    for axis, node in enumerate(graph.nodes):  # each pool's window spans one axis, in order
+        assert [i for i, size in enumerate(node.attrs["kernel"]) if size > 1] == [axis]
+        assert all(p == 0 for i, p in enumerate(node.attrs["pads"]) if i % k != axis)
 
 
 @pytest.mark.parametrize("shape,attrs", WINDOWS)

@@ -124,6 +124,30 @@ def _conv(node: Node) -> NodeFn:
     return lambda x, w: [fn(x, w, stride=a["strides"], padding=pads, dilation=a["dilations"], groups=a["group"])]
 
 
+def _pointwise_conv(graph: Graph, node: Node, channels_last: bool) -> NodeFn | None:
+    """A 1x1 convolution (stride 1, no padding, one group) as a batched product over the channels, or None:
+    per image ``W @ X`` with ``X`` the [C, pixels] view of an NCHW value, or with ``channels_last``
+    ``X @ W^T`` with ``X`` the [pixels, C] view of a channels-last one, so that neither copies its input.
+    On CPUs oneDNN's convolution spends ~25 us a call setting itself up; the product calls the BLAS
+    directly (a ``bmm``, which Inductor does not repack as oneDNN's linear, as it does a 2-D ``mm``):
+    YOLOX-Nano's 78 pointwise convolutions 4.0 -> 2.9 ms on a 2-core Xeon."""
+    a = node.attrs
+    weight = graph.tensors[node.inputs[1]].shape
+    if a["group"] != 1 or any(s != 1 for s in (*weight[2:], *a["strides"], *a["dilations"])) or any(a["pads"]):
+        return None
+    c_out, c_in = weight[:2]
+
+    def nchw(x, w):
+        y = torch.bmm(w.reshape(1, c_out, c_in).expand(x.shape[0], c_out, c_in), x.reshape(x.shape[0], c_in, -1))
+        return [y.view(x.shape[0], c_out, *x.shape[2:])]
+
+    def nhwc(x, w):
+        pixels = x.movedim(1, -1)
+        y = torch.bmm(pixels.reshape(x.shape[0], -1, c_in), w.reshape(c_out, c_in).t().expand(x.shape[0], c_in, c_out))
+        return [y.view(*pixels.shape[:-1], c_out).movedim(-1, 1)]
+    return nhwc if channels_last else nchw
+
+
 # binary ops whose torch function takes a Python number as its second operand (the first for commutative ones)
 _SCALAR_OPERAND = {Op.ADD: torch.add, Op.MUL: torch.mul, Op.SUB: torch.sub,
                    Op.POW: lambda x, exponent: torch.pow(x, exponent).to(x.dtype),
@@ -167,8 +191,9 @@ def _opaque(node: Node) -> NodeFn:
     return run
 
 
-def node_function(graph: Graph, node: Node, device) -> NodeFn:
-    """A callable from the node's input tensors to its output tensors, on ``device``."""
+def node_function(graph: Graph, node: Node, device, channels_last: bool = False) -> NodeFn:
+    """A callable from the node's input tensors to its output tensors, on ``device``; ``channels_last``, the
+    layout the values it reads and writes are stored in (a compiled unit's boundaries), where it matters."""
     if node.op is Op.SLICE:
         return _slice(node, device)
     if node.op is Op.PAD:
@@ -182,7 +207,8 @@ def node_function(graph: Graph, node: Node, device) -> NodeFn:
         if fn is not None:
             return fn
     if node.op is Op.CONV:
-        return _conv(node)
+        cpu = torch.device(device).type == "cpu"
+        return (cpu and _pointwise_conv(graph, node, channels_last)) or _conv(node)
     if node.op is Op.OPAQUE:
         return _opaque(node)
     if node.op is Op.TANH and torch.device(device).type == "cpu":

@@ -7,7 +7,11 @@ window (a window that would start in the end padding is not created, as the
 spec and PyTorch say). The extra padding never counts as an element: for
 ``count_include_pad`` averages whose last window overhangs it, the explicit
 pads are zeros written by a ``PAD`` (real elements to the pool) and the pool
-then divides by the count of real elements. LpPool is the p-th root of a
+then divides by the count of real elements. A max pool whose window is large
+(at least twice as many positions as the sum of its sides: 4x4, 5x5, the 5/9/13
+pools of YOLO's SPP blocks) is one ``MAX_POOL`` per axis: the maximum over a box
+is the maximum along each axis in turn, so 13x13 reads 26 positions, not 169
+(padding is -inf to a max pool, and no window lies wholly in it). LpPool is the p-th root of a
 window sum, the sum an average times the kernel size. The global pools are
 ``REDUCE_MEAN``/``REDUCE_MAX``/``REDUCE_SUM`` over the spatial axes with ``keepdims``.
 """
@@ -73,7 +77,27 @@ def _max_pool(b: Builder, x, kernel_shape, auto_pad="NOTSET", pads=None, strides
     w = _window(b, x, kernel_shape, auto_pad, pads, strides, dilations, ceil_mode)
     if w is None:
         return NotImplemented
-    return b.emit(Op.MAX_POOL, x, **w.attrs(w.padded)), None
+    if math.prod(w.kernel) < SEPARABLE_MAX_POOL * sum(w.kernel):
+        return b.emit(Op.MAX_POOL, x, **w.attrs(w.padded)), None
+    for axis in range(len(w.kernel)):
+        x = b.emit(Op.MAX_POOL, x, **_along(w, axis))
+    return x, None
+
+
+# a max pool is split by axis when its window has at least this many times the positions of its sides' sum
+SEPARABLE_MAX_POOL = 2
+
+
+def _along(w: _Window, axis: int) -> dict:
+    """The attributes of ``w``'s pool along ``axis`` alone (a window of one position on every other axis)."""
+    k = len(w.kernel)
+
+    def only(values, other):
+        return tuple(v if i == axis else other for i, v in enumerate(values))
+
+    padded = w.padded
+    return {"kernel": only(w.kernel, 1), "strides": only(w.strides, 1), "dilations": only(w.dilations, 1),
+            "pads": only(padded[:k], 0) + only(padded[k:], 0)}
 
 
 @fission_rule("MaxPool", since=1)

@@ -104,7 +104,7 @@ class PlanModule(torch.nn.Module):
     dimension dynamic, one unit serves a range of sizes (``graph`` is at the range's largest)."""
 
     def __init__(self, graph: Graph, plan: Plan, device: str = "cpu", ort_kernels: bool = False,
-                 sizes: SizeFunctions | None = None):
+                 sizes: SizeFunctions | None = None, channels_last: bool = False):
         super().__init__()
         self._constant_attr = {}
         for i, (name, value) in enumerate(graph.constants.items()):
@@ -112,6 +112,7 @@ class PlanModule(torch.nn.Module):
             self.register_buffer(attr, as_torch(value).to(device), persistent=True)
             self._constant_attr[name] = attr
         self._graph, self._plan, self._device, self._sizes = graph, plan, device, sizes
+        self._channels_last = channels_last
         self.token, self._replaced = None, {}
         if ort_kernels:
             self._replace_by_ort_kernels(graph)
@@ -140,7 +141,7 @@ class PlanModule(torch.nn.Module):
         nodes = {node.name: node for node in graph.nodes}
 
         def step(name: str):
-            return self._replaced.get(name) or (node_function(graph, nodes[name], self._device),
+            return self._replaced.get(name) or (node_function(graph, nodes[name], self._device, self._channels_last),
                                                 nodes[name].inputs, nodes[name].outputs)
 
         return [[step(n) for n in k.nodes if n not in self._replaced or self._replaced[n]]
@@ -299,7 +300,8 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
     if reason:
         raise KorchError(f"no compiled unit: {reason}")
     dynamic = size_range.dynamic_shapes(graph) if size_range else None
-    module = PlanModule(graph, plan, device, variant.ort_kernels, size_range.sizes if dynamic else None).eval()
+    module = PlanModule(graph, plan, device, variant.ort_kernels, size_range.sizes if dynamic else None,
+                        variant.channels_last_boundaries).eval()
     inputs = example_inputs(graph, device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside export and AOTInductor

@@ -124,6 +124,15 @@ def _conv(node: Node) -> NodeFn:
     return lambda x, w: [fn(x, w, stride=a["strides"], padding=pads, dilation=a["dilations"], groups=a["group"])]
 
 
+def is_pointwise_conv(graph: Graph, node: Node) -> bool:
+    """A 1x1 convolution: stride 1, no padding, one group."""
+    if node.op is not Op.CONV:
+        return False
+    a, weight = node.attrs, graph.tensors[node.inputs[1]].shape
+    return a["group"] == 1 and all(s == 1 for s in (*weight[2:], *a["strides"], *a["dilations"])) \
+        and not any(a["pads"])
+
+
 def _pointwise_conv(graph: Graph, node: Node, channels_last: bool) -> NodeFn | None:
     """A 1x1 convolution (stride 1, no padding, one group) as a batched product over the channels, or None:
     per image ``W @ X`` with ``X`` the [C, pixels] view of an NCHW value, or with ``channels_last``
@@ -131,11 +140,9 @@ def _pointwise_conv(graph: Graph, node: Node, channels_last: bool) -> NodeFn | N
     On CPUs oneDNN's convolution spends ~25 us a call setting itself up; the product calls the BLAS
     directly (a ``bmm``, which Inductor does not repack as oneDNN's linear, as it does a 2-D ``mm``):
     YOLOX-Nano's 78 pointwise convolutions 4.0 -> 2.9 ms on a 2-core Xeon."""
-    a = node.attrs
-    weight = graph.tensors[node.inputs[1]].shape
-    if a["group"] != 1 or any(s != 1 for s in (*weight[2:], *a["strides"], *a["dilations"])) or any(a["pads"]):
+    if not is_pointwise_conv(graph, node):
         return None
-    c_out, c_in = weight[:2]
+    c_out, c_in = graph.tensors[node.inputs[1]].shape[:2]
 
     def nchw(x, w):
         y = torch.bmm(w.reshape(1, c_out, c_in).expand(x.shape[0], c_out, c_in), x.reshape(x.shape[0], c_in, -1))
@@ -191,9 +198,11 @@ def _opaque(node: Node) -> NodeFn:
     return run
 
 
-def node_function(graph: Graph, node: Node, device, channels_last: bool = False) -> NodeFn:
+def node_function(graph: Graph, node: Node, device, channels_last: bool = False,
+                  pointwise_products: bool = True) -> NodeFn:
     """A callable from the node's input tensors to its output tensors, on ``device``; ``channels_last``, the
-    layout the values it reads and writes are stored in (a compiled unit's boundaries), where it matters."""
+    layout the values it reads and writes are stored in (a compiled unit's boundaries), where it matters;
+    ``pointwise_products``, whether a CPU computes 1x1 convolutions as products (``_pointwise_conv``)."""
     if node.op is Op.SLICE:
         return _slice(node, device)
     if node.op is Op.PAD:
@@ -207,8 +216,8 @@ def node_function(graph: Graph, node: Node, device, channels_last: bool = False)
         if fn is not None:
             return fn
     if node.op is Op.CONV:
-        cpu = torch.device(device).type == "cpu"
-        return (cpu and _pointwise_conv(graph, node, channels_last)) or _conv(node)
+        products = pointwise_products and torch.device(device).type == "cpu"
+        return (products and _pointwise_conv(graph, node, channels_last)) or _conv(node)
     if node.op is Op.OPAQUE:
         return _opaque(node)
     if node.op is Op.TANH and torch.device(device).type == "cpu":

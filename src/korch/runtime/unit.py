@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from korch.backends import ort_gemm, ort_steps
-from korch.backends.torch_ops import node_function, runs_in_torch
+from korch.backends.torch_ops import is_pointwise_conv, node_function, runs_in_torch
 from korch.errors import KorchError
 from korch.ir.graph import Graph
 from korch.ir.interpret import as_torch
@@ -66,17 +66,20 @@ from korch.orchestrate.plan import Plan
 UNIT_FILE = "model.pt2"
 _TAG = "korch_kernel"
 _CAT = torch.ops.aten.cat.default
+_BMM = torch.ops.aten.bmm.default
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """How a unit's frozen weights reach the vendor libraries: ``prepack``, packed at compile time in
     oneDNN's layouts (else ATen's calls take them as they are); ``ort_kernels``, products and softmaxes run
     in ONNX Runtime's MLAS (``backends/ort_gemm.py``); ``channels_last_boundaries``, values a convolution
-    reads are stored channels-last between kernels (``kernel_boundaries``)."""
+    reads are stored channels-last between kernels (``kernel_boundaries``); ``pointwise_products``, 1x1
+    convolutions are products over the channels (``torch_ops._pointwise_conv``), else the library's."""
 
     prepack: bool
     ort_kernels: bool = False
     channels_last_boundaries: bool = True  # see kernel_boundaries
+    pointwise_products: bool = True  # see torch_ops._pointwise_conv
 
 
 # the variants choose_unit compiles and times
@@ -104,7 +107,7 @@ class PlanModule(torch.nn.Module):
     dimension dynamic, one unit serves a range of sizes (``graph`` is at the range's largest)."""
 
     def __init__(self, graph: Graph, plan: Plan, device: str = "cpu", ort_kernels: bool = False,
-                 sizes: SizeFunctions | None = None, channels_last: bool = False):
+                 sizes: SizeFunctions | None = None, channels_last: bool = False, pointwise_products: bool = True):
         super().__init__()
         self._constant_attr = {}
         for i, (name, value) in enumerate(graph.constants.items()):
@@ -112,7 +115,7 @@ class PlanModule(torch.nn.Module):
             self.register_buffer(attr, as_torch(value).to(device), persistent=True)
             self._constant_attr[name] = attr
         self._graph, self._plan, self._device, self._sizes = graph, plan, device, sizes
-        self._channels_last = channels_last
+        self._layouts = {"channels_last": channels_last, "pointwise_products": pointwise_products}
         self.token, self._replaced = None, {}
         if ort_kernels:
             self._replace_by_ort_kernels(graph)
@@ -141,7 +144,7 @@ class PlanModule(torch.nn.Module):
         nodes = {node.name: node for node in graph.nodes}
 
         def step(name: str):
-            return self._replaced.get(name) or (node_function(graph, nodes[name], self._device, self._channels_last),
+            return self._replaced.get(name) or (node_function(graph, nodes[name], self._device, **self._layouts),
                                                 nodes[name].inputs, nodes[name].outputs)
 
         return [[step(n) for n in k.nodes if n not in self._replaced or self._replaced[n]]
@@ -187,8 +190,20 @@ def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
     from torch._inductor import ir
     from torch._inductor.graph import GraphLowering
     from torch._inductor.scheduler import Scheduler
+    from torch.utils._ordered_set import OrderedSet
 
     run_node, can_fuse = GraphLowering.run_node, Scheduler._can_fuse_impl
+    find_preferred = GraphLowering.find_nodes_prefer_channels_last
+
+    def preferring_pixel_rows(self):
+        # Inductor's rule: a convolution's inputs and outputs, and what they are computed from; korch's
+        # pointwise convolutions are products over [N, H, W, C] views (torch_ops._pointwise_conv), and want
+        # what they read, and what that is computed from, channels-last as much (else a copy per call)
+        preferred, rows = find_preferred(self), OrderedSet()
+        for n in reversed(self.module.graph.nodes):
+            if n.target is not _BMM and any(_reads_pixel_rows(user) or user in rows for user in n.users):
+                rows.add(n)
+        return preferred | rows
 
     def realizing_run_node(self, n):
         kernel = _kernel_of(n)
@@ -221,6 +236,8 @@ def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
         return can_fuse(self, a, b, *args, **kwargs)
 
     GraphLowering.run_node, Scheduler._can_fuse_impl = realizing_run_node, same_kernel_fuse
+    if channels_last:
+        GraphLowering.find_nodes_prefer_channels_last = preferring_pixel_rows
     try:
         # the compilers' caches (Inductor's FX graph cache, AOTAutograd's) key nothing of these patches: a
         # graph compiled without them, or with the other boundary layout, must not answer for this one
@@ -229,6 +246,12 @@ def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
             yield
     finally:
         GraphLowering.run_node, Scheduler._can_fuse_impl = run_node, can_fuse
+        GraphLowering.find_nodes_prefer_channels_last = find_preferred
+
+
+def _reads_pixel_rows(fx_node: torch.fx.Node) -> bool:
+    """Whether ``fx_node`` views a 4-D NCHW value as [N, H, W, C], as a pointwise convolution's product does."""
+    return fx_node.target is torch.ops.aten.permute.default and tuple(fx_node.args[1]) == (0, 2, 3, 1)
 
 
 @contextlib.contextmanager
@@ -301,7 +324,7 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
         raise KorchError(f"no compiled unit: {reason}")
     dynamic = size_range.dynamic_shapes(graph) if size_range else None
     module = PlanModule(graph, plan, device, variant.ort_kernels, size_range.sizes if dynamic else None,
-                        variant.channels_last_boundaries).eval()
+                        variant.channels_last_boundaries, variant.pointwise_products).eval()
     inputs = example_inputs(graph, device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside export and AOTInductor
@@ -331,14 +354,23 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
 
     boundaries = config.checked_unit_boundaries(config.unit_boundaries)
     convolutions = any(node.op in (Op.CONV, Op.CONV_TRANSPOSE) for node in graph.nodes)
-    built, errors = {}, []
+    built, variants, errors = {}, {}, []
 
     def add(name: str, variant: Variant) -> None:
         try:
             data = compile_unit(graph, plan, device, variant, size_range)
-            built[name] = (data, CompiledUnit.from_bytes(data))
+            built[name], variants[name] = (data, CompiledUnit.from_bytes(data)), variant
         except Exception as exc:  # Inductor's failures are many: the other variant may compile
             errors.append(exc)
+
+    def challenge(best: str, name: str, change: dict, label: str) -> bool:
+        """Compile ``best`` changed as ``change`` (as ``name``); the two take turns; whether it is faster."""
+        add(name, dataclasses.replace(variants[best], **change))
+        if name not in built:
+            return False
+        again = _median_seconds({n: built[n][1] for n in (best, name)}, inputs, device)
+        seconds.update({f"{best}, {label}": again[best], name: again[name]})
+        return again[name] < again[best]
 
     for name, variant in VARIANTS.items():
         if not variant.ort_kernels or ort_gemm.any_eligible(graph):  # else nothing for ONNX Runtime to run
@@ -353,12 +385,13 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         choice["boundaries"] = "NCHW" if boundaries == "nchw" else "channels-last"
     if convolutions and boundaries == "measured":
         nchw = f"{best}, NCHW between kernels"
-        add(nchw, dataclasses.replace(VARIANTS[best], channels_last_boundaries=False))
-        if nchw in built:
-            again = _median_seconds({name: built[name][1] for name in (best, nchw)}, inputs, device)
-            seconds.update({f"{best}, channels-last between kernels": again[best], nchw: again[nchw]})
-            if again[nchw] < again[best]:
-                best, choice["boundaries"] = nchw, "NCHW"
+        if challenge(best, nchw, {"channels_last_boundaries": False}, "channels-last between kernels"):
+            best, choice["boundaries"] = nchw, "NCHW"
+    if any(is_pointwise_conv(graph, node) for node in graph.nodes):
+        choice["pointwise convolutions"] = "products"
+        by_library = f"{best}, pointwise convolutions by the library"
+        if challenge(best, by_library, {"pointwise_products": False}, "pointwise convolutions as products"):
+            best, choice["pointwise convolutions"] = by_library, "library"
     choice["measured_ms"] = {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}
     if VARIANTS[choice["weights"]].ort_kernels:
         choice["libraries"] = [ort_gemm.LIBRARY_FILE]

@@ -51,6 +51,9 @@ def _executable(x: dict | None) -> list[str]:
         if measured:
             boundaries = x["unit"].get("boundaries")
             layout = f"; values a convolution reads stored {boundaries} between kernels" if boundaries else ""
+            pointwise = x["unit"].get("pointwise convolutions")
+            if pointwise:
+                layout += "; 1x1 convolutions " + ("as products" if pointwise == "products" else "by the library")
             lines.append(f"- the unit's weights: {x['unit']['weights']}{layout}; the fastest as measured ("
                          + ", ".join(f"{name} {ms:.3g} ms" for name, ms in measured.items()) + ")")
     elif x.get("runs"):

@@ -1,0 +1,19 @@
+"""report.md: what the compiled unit's choices were, in words."""
+
+import pytest
+
+from korch.report.markdown import _executable
+
+
+@pytest.mark.parametrize("pointwise, words", [("products", "1x1 convolutions as products"),
+                                              ("library", "1x1 convolutions by the library"), (None, None)])
+def test_the_units_line_says_how_its_layouts_and_pointwise_convolutions_were_chosen(pointwise, words):
+    unit = {"weights": "packed for oneDNN", "boundaries": "channels-last",
+            "measured_ms": {"packed for oneDNN": 9.0, "as given to ATen": 9.5}}
+    if pointwise:
+        unit["pointwise convolutions"] = pointwise
+    lines = _executable({"runs": "compiled unit", "unit": unit})
+    (line,) = [line for line in lines if line.startswith("- the unit's weights")]
+    assert "packed for oneDNN; values a convolution reads stored channels-last between kernels" in line
+    assert "as given to ATen 9.5 ms" in line
+    assert ("1x1 convolutions" in line) == bool(words) and (not words or words in line)

@@ -1,7 +1,8 @@
 """Compiled units with channels-last against NCHW values between kernels, and each against torch.compile and
 ONNX Runtime: one process per OUTDIR, the systems taking turns.
 
-An OUTDIR's plan is compiled into two units with the weights variant its manifest chose, one storing the
+An OUTDIR's plan is compiled into two units with the weights variant (and the 1x1 convolutions as products
+or in the library) its manifest chose, one storing the
 4-D values a convolution reads channels-last at kernel boundaries (``unit.kernel_boundaries``), one in NCHW,
 as ``choose_unit`` compares them; the bundled model behind ``zoo:NAME`` runs under ``torch.compile`` (default
 mode) and the OUTDIR's ``reference.onnx`` in ONNX Runtime (torch's thread count, all graph optimisations).
@@ -35,7 +36,9 @@ def compare(outdir: Path, model: str, rounds: int, calls: int) -> dict:
     manifest = json.loads((outdir / "manifest.json").read_text())
     graph = bundle.graph_from_bytes((outdir / "graph.json").read_bytes(), (outdir / "weights.npz").read_bytes())
     plan = Plan.from_bytes((outdir / "plan.json").read_bytes())
-    variant = unit.VARIANTS[manifest["unit"]["weights"]]
+    # the weights and the pointwise convolutions as the OUTDIR's unit has them (products unless it chose the library)
+    variant = dataclasses.replace(unit.VARIANTS[manifest["unit"]["weights"]],
+                                  pointwise_products=manifest["unit"].get("pointwise convolutions") != "library")
     units = [unit.CompiledUnit.from_bytes(unit.compile_unit(
         graph, plan, "cpu", dataclasses.replace(variant, channels_last_boundaries=layout))) for layout in (False, True)]
     feed = seeded_inputs({name: (graph.tensors[name].shape, graph.tensors[name].dtype) for name in graph.inputs})
@@ -49,6 +52,7 @@ def compare(outdir: Path, model: str, rounds: int, calls: int) -> dict:
     channels_last = ms["unit, channels-last between kernels"]
     return {"model": model, "unit_weights": manifest["unit"]["weights"],
             "unit_chosen_boundaries": manifest["unit"].get("boundaries"),
+            "unit_pointwise_convolutions": manifest["unit"].get("pointwise convolutions"),
             **{f"{name} ms": round(value, 2) for name, value in ms.items()},
             "NCHW over channels-last": round(ms["unit, NCHW between kernels"] / channels_last, 3),
             "torch.compile over channels-last": round(ms["torch.compile"] / channels_last, 3),

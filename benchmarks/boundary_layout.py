@@ -36,9 +36,7 @@ def compare(outdir: Path, model: str, rounds: int, calls: int) -> dict:
     manifest = json.loads((outdir / "manifest.json").read_text())
     graph = bundle.graph_from_bytes((outdir / "graph.json").read_bytes(), (outdir / "weights.npz").read_bytes())
     plan = Plan.from_bytes((outdir / "plan.json").read_bytes())
-    # the weights and the pointwise convolutions as the OUTDIR's unit has them (products unless it chose the library)
-    variant = dataclasses.replace(unit.VARIANTS[manifest["unit"]["weights"]],
-                                  pointwise_products=manifest["unit"].get("pointwise convolutions") != "library")
+    variant = unit.chosen_variant(manifest["unit"])  # its boundary layout is replaced by each of the two below
     units = [unit.CompiledUnit.from_bytes(unit.compile_unit(
         graph, plan, "cpu", dataclasses.replace(variant, channels_last_boundaries=layout))) for layout in (False, True)]
     feed = seeded_inputs({name: (graph.tensors[name].shape, graph.tensors[name].dtype) for name in graph.inputs})

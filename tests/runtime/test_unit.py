@@ -376,3 +376,12 @@ def test_a_value_only_a_pointwise_product_reads_is_stored_channels_last():
             torch.testing.assert_close(value, want, rtol=1e-4, atol=1e-4)
         (product,) = [line for line in code.splitlines() if "extern_kernels.bmm(" in line]
         assert f"(1, 64, 32), {strides}" in product, code
+
+
+def test_a_recorded_choice_names_its_variant():
+    """``chosen_variant`` reads back a manifest's ``unit``: weights, boundary layout, pointwise convolutions."""
+    assert unit.chosen_variant({"weights": "as given to ATen"}) == unit.VARIANTS["as given to ATen"]
+    chosen = unit.chosen_variant({"weights": "MLAS by ONNX Runtime", "boundaries": "NCHW",
+                                  "pointwise convolutions": "library"})
+    assert chosen == unit.Variant(prepack=True, ort_kernels=True, channels_last_boundaries=False,
+                                  pointwise_products=False)

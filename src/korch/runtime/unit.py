@@ -393,9 +393,16 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         if challenge(best, by_library, {"pointwise_products": False}, "pointwise convolutions as products"):
             best, choice["pointwise convolutions"] = by_library, "library"
     choice["measured_ms"] = {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}
-    if VARIANTS[choice["weights"]].ort_kernels:
+    if variants[best].ort_kernels:
         choice["libraries"] = [ort_gemm.LIBRARY_FILE]
     return built[best][0], choice
+
+
+def chosen_variant(choice: dict) -> Variant:
+    """The variant a ``choose_unit`` choice (a manifest's ``unit``) names."""
+    return dataclasses.replace(VARIANTS[choice["weights"]],
+                               channels_last_boundaries=choice.get("boundaries") != "NCHW",
+                               pointwise_products=choice.get("pointwise convolutions") != "library")
 
 
 def _median_seconds(units: dict, inputs, device: str) -> dict[str, float]:

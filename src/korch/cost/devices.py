@@ -37,6 +37,10 @@ class Device:
     half_vector_flops: float = 0.0  # FLOP/s of vector units on packed float16/bfloat16 (0: as float32)
     cache_bytes: int = 0  # bytes of the last-level cache: kernel inputs it may hold, outputs it may absorb
     cache_bandwidth: float = math.inf  # bytes/s through that cache (every byte a kernel moves passes it)
+    # whether some library on it runs convolutions with a fast algorithm (cuDNN's Winograd and FFT: a V100 runs
+    # 3x3 float32 convolutions at up to 4x the FMA peak in direct-algorithm FLOPs); if so a convolution's floor
+    # counts one multiply-add per output, input channel and stride phase, not per kernel tap
+    fast_convolution: bool = True
 
     def vector_peak(self, dtype: str = "float32") -> float:
         if dtype in HALF_DTYPES and self.half_vector_flops:
@@ -140,25 +144,33 @@ KNOWN_TARGETS = ("cpu", *GPUS)
 # second between 11 and 22 GB/s (copy) and 60 and 105 GFLOP/s (matmul).
 BANDWIDTH_HEADROOM = 2.0
 FLOPS_HEADROOM = 2.0
-LAUNCH_HEADROOM = 0.5
 
 
 def cpu_device_from(record: dict) -> Device:
-    """The host as a ``Device``: the probe's measured bests (``probe.cpu_record``) with headroom."""
+    """The host as a ``Device``: the probe's measured bests (``probe.cpu_record``) with headroom.
+
+    Three choices make the CPU's floors tighter than a GPU's (docs/cost.md, "The host CPU"):
+    * no launch term: inside the compiled unit a kernel costs 0.1 us, and a measured kernel's latency less its
+      backend's calling cost comes out at 0 to 0.4 us for a kernel of a few bytes;
+    * vector FLOP/s at the FMA peak: that counts an FMA as two operations, and no x86 core issues more than
+      two 512-bit (or four 256-bit) vector operations a cycle, so it is at least the rate of any mix;
+    * convolutions without a fast algorithm: korch's CPU backends run them direct (oneDNN's direct
+      convolution through torch, MLAS's im2col products, korch's own products for 1x1 convolutions).
+    """
     raw = record["measured"]
     # the measured best can sit far below what oneDNN reaches in a good spell: never below the FMA peak
     matrix = max(raw["matmul_flops"] * FLOPS_HEADROOM, probe.peak_matrix_flops())
-    vector = 2 * max(raw["elementwise_flops"] * FLOPS_HEADROOM, matrix)
+    vector = max(raw["elementwise_flops"] * FLOPS_HEADROOM, matrix)
     bandwidth = raw["memory_bandwidth"] * BANDWIDTH_HEADROOM
     cache_bandwidth = max(raw["cache_bandwidth"] * BANDWIDTH_HEADROOM, bandwidth)
     return Device(
         name="cpu", kind="cpu", memory_bandwidth=bandwidth, vector_flops=vector,
-        matrix_flops={"float32": matrix}, launch_overhead=raw["tiny_op_seconds"] * LAUNCH_HEADROOM,
-        cache_bytes=int(record["cache_bytes"]), cache_bandwidth=cache_bandwidth,
+        matrix_flops={"float32": matrix}, launch_overhead=0.0,
+        cache_bytes=int(record["cache_bytes"]), cache_bandwidth=cache_bandwidth, fast_convolution=False,
         source=(f"probe v{probe.PROBE_VERSION} of {record['cpu']} ({record['threads']} torch threads, "
                 f"torch {record['torch']}): measured best x{BANDWIDTH_HEADROOM} bandwidths (memory, cache), "
-                f"x{FLOPS_HEADROOM} FLOP/s or the FMA peak (vector: 2x), x{LAUNCH_HEADROOM} launch; "
-                "cache from sysfs"),
+                f"x{FLOPS_HEADROOM} FLOP/s or the FMA peak (vector and matrix), no launch term, direct "
+                "convolutions; cache from sysfs"),
     )
 
 

@@ -23,10 +23,11 @@ Why each piece is a floor (docs/cost.md has the long form):
 * **FLOPs** are ``korch.ir.analysis.node_flops`` scaled by the needed share of
   the node's output, lowered where a kernel can legally do less: Neg and Abs
   are free operand modifiers on GPUs and CPUs; a reduction of n values to m
-  needs n - m operations; a convolution may run a fast algorithm (Winograd,
-  FFT), which needs at least one multiply-add per output, input channel and
-  stride phase (``FAST_CONVOLUTION``). LINEAR nodes count as matrix FLOPs,
-  every other node as vector FLOPs.
+  needs n - m operations; on a device whose libraries run convolutions with a
+  fast algorithm (a GPU's cuDNN: Winograd, FFT; ``Device.fast_convolution``) a
+  convolution needs at least one multiply-add per output, input channel and
+  stride phase, elsewhere one per kernel tap as well. LINEAR nodes count as
+  matrix FLOPs, every other node as vector FLOPs.
 * **Overlap.** Memory traffic, vector units and matrix units work at the same
   time on real devices, so the terms combine by ``max``, never by sum. One
   exception: on a CPU a matrix product runs as a library call (MLAS, oneDNN,
@@ -53,13 +54,6 @@ from korch.ir.analysis import node_flops
 from korch.ir.dtypes import itemsize
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import Op
-
-# Charge convolutions as if a fast algorithm (Winograd, FFT) ran them: at least
-# one multiply-add per output, input channel and stride phase instead of one per
-# kernel tap. cuDNN runs 3x3 float32 convolutions this way on a V100 at up to 4x
-# the FMA peak in direct-algorithm FLOPs, so the direct count is no floor there.
-# Lead: candidate for korch.config (False = count direct-algorithm FLOPs).
-FAST_CONVOLUTION = True
 
 # Free operand modifiers: a GPU's FADD/FMUL/FFMA and a CPU's FNMADD fold these in.
 _FREE = frozenset({Op.NEG, Op.ABS})
@@ -203,14 +197,15 @@ def input_needs(graph: Graph, node: Node, demand: int) -> list[int]:
 # -- the arithmetic a node must do -------------------------------------------------------
 
 
-def floor_flops(graph: Graph, node: Node) -> int:
-    """FLOPs any implementation of ``node`` performs for its whole output (``node_flops`` where it is tight)."""
+def floor_flops(graph: Graph, node: Node, fast_convolution: bool = True) -> int:
+    """FLOPs any implementation of ``node`` performs for its whole output (``node_flops`` where it is tight);
+    ``fast_convolution``: a convolution may run a fast algorithm (see ``Device.fast_convolution``)."""
     if node.op in _FREE or node.op is Op.OPAQUE or node.op in ops.LAYOUT:
         return 0
     if node.op in ops.REDUCE:
         return max(0, graph.tensors[node.inputs[0]].numel - graph.tensors[node.output].numel)
     flops = node_flops(graph, node)
-    if FAST_CONVOLUTION and node.op in (Op.CONV, Op.CONV_TRANSPOSE):
+    if fast_convolution and node.op in (Op.CONV, Op.CONV_TRANSPOSE):
         a, kernel = node.attrs, graph.tensors[node.inputs[1]].shape[2:]
         phases = _prod(min(k, s // math.gcd(d, s)) for k, s, d in zip(kernel, a["strides"], a["dilations"]))
         flops = flops // max(1, _prod(kernel)) * phases
@@ -220,8 +215,10 @@ def floor_flops(graph: Graph, node: Node) -> int:
 # -- a kernel's work and its bound ---------------------------------------------------------
 
 
-def kernel_work(graph: Graph, nodes: Iterable[int], inputs: Sequence[str], outputs: Sequence[str]) -> KernelWork:
-    """The least work of the kernel computing ``outputs`` from ``inputs`` with ``nodes`` (indices into graph.nodes).
+def kernel_work(graph: Graph, nodes: Iterable[int], inputs: Sequence[str], outputs: Sequence[str], *,
+                fast_convolution: bool = True) -> KernelWork:
+    """The least work of the kernel computing ``outputs`` from ``inputs`` with ``nodes`` (indices into graph.nodes);
+    ``fast_convolution`` as in ``floor_flops`` (True: the smaller count, a floor on every device).
 
     A kernel of reshapes alone may return a view of its input (the library backend and the compiled unit
     do): it need move nothing."""
@@ -239,7 +236,7 @@ def kernel_work(graph: Graph, nodes: Iterable[int], inputs: Sequence[str], outpu
         size = t[node.output].numel
         if demand <= 0 or size == 0:
             continue
-        flops = floor_flops(graph, node) * demand // size
+        flops = floor_flops(graph, node, fast_convolution) * demand // size
         if node.op in ops.LINEAR:
             matrix += flops
         else:
@@ -314,7 +311,7 @@ def candidate_bounds(graph: Graph, candidates: Iterable, device: Device, dtype: 
     """
     bounds = []
     for c in candidates:
-        work = kernel_work(graph, c.nodes, c.inputs, c.outputs)
+        work = kernel_work(graph, c.nodes, c.inputs, c.outputs, fast_convolution=device.fast_convolution)
         kind = dtype or kernel_dtype(graph, (*c.inputs, *c.outputs))
         bounds.append(lower_bound(device, work, kind, warm=warm))
     return bounds

@@ -80,7 +80,7 @@ def _kernel_rows(graph: Graph, plan: Plan) -> list[_KernelRow]:
     rows = []
     for number, k in enumerate(plan.kernels):
         nodes = [index[n] for n in k.nodes if n in index]
-        work = kernel_work(graph, nodes, k.inputs, k.outputs)
+        work = kernel_work(graph, nodes, k.inputs, k.outputs, fast_convolution=False)  # the FLOPs a direct kernel does
         rows.append(_KernelRow(k, kernel_colour(number), kernel_class([graph.nodes[i].op for i in nodes]), work))
     return rows
 

@@ -45,6 +45,11 @@ max_kernel_nodes: int = int(os.environ.get("KORCH_MAX_KERNEL_NODES", "8"))
 # whole models (<= 1000 primitives) solve as one exact program in seconds.
 max_segment_nodes: int = int(os.environ.get("KORCH_MAX_SEGMENT_NODES", "2000"))
 
+# Launch variants of a Triton GEMM or convolution kernel that a measured search compiles and times: the best
+# tiles by backends/triton/tiles.py's model (each one more compile and timing per candidate on a GPU); 0: the
+# eight fixed tile shapes korch used before (to measure what the model's choice costs).
+tile_variants: int = int(os.environ.get("KORCH_TILE_VARIANTS", "2"))
+
 # On a CPU, compile the whole plan into one AOTInductor package (runtime/unit.py) instead of running its
 # kernels one Python call at a time. Off, `korch optimize` builds faster (no whole-plan compile) and the
 # executable runs kernel by kernel; `--kernel-by-kernel` turns it off for one command.

@@ -1,6 +1,8 @@
 """The matmul kernel class: generated kernels against the reference executor in Triton's interpreter,
 claims and refusals, and compilation for Hopper."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from onnx import helper
@@ -81,11 +83,15 @@ def test_input_precision_follows_the_precision_policy():
     assert 'input_precision="tf32x3"' in _run(graph, MatmulClass(input_precision="tf32x3")).source
 
 
-def test_every_variant_matches_reference():
+@pytest.mark.parametrize("tile_variants", [2, 0])
+def test_every_variant_matches_reference(tile_variants):
+    """The model's two tiles (of two shapes), and the eight fixed shapes it replaced."""
     graph = CASES["odd_2d"]()
-    generated = MATMUL.generate(graph)
+    with config.patch(tile_variants=tile_variants):
+        generated = MATMUL.generate(graph)
     built = TritonKernel(graph, generated, "cpu")
-    assert len(generated.variants) > 3
+    shapes = {dict(v.constexprs)["BLOCK_M"] * 1000 + dict(v.constexprs)["BLOCK_N"] for v in generated.variants}
+    assert len(generated.variants) == len(shapes) == 2 if tile_variants else len(generated.variants) > 3
     for variant in generated.variants:
         built.variant = variant
         check_built(built, graph)
@@ -105,6 +111,13 @@ def test_refuses_what_it_cannot_fuse():
     for t in integers.tensors.values():
         object.__setattr__(t, "dtype", "int32")
     assert "float16/float32" in MATMUL.claims(integers)
+
+
+def test_the_models_two_tiles_compile_for_hopper():
+    graph = kernel([H("MatMul", ["a", "b"], ["y"])], {"a": (197, 768), "b": (768, 3072)}, {"y": (197, 3072)})
+    generated = MATMUL.generate(graph)
+    singles = [dataclasses.replace(generated, variants=(v,)) for v in generated.variants]
+    assert len(singles) == 2 and compile_generated(singles, jobs=2) == [None, None]
 
 
 def test_compiles_for_hopper():

@@ -34,8 +34,8 @@ import contextlib
 import dataclasses
 from collections.abc import Sequence
 
-from korch import precision
-from korch.backends.triton import scalar
+from korch import config, precision
+from korch.backends.triton import scalar, tiles
 from korch.backends.triton.emit import Emitter, Val
 from korch.backends.triton.generated import GeneratedKernel, Variant
 from korch.backends.triton.indexing import Ix, Space, broadcast_index
@@ -145,19 +145,20 @@ class GemmClass(KernelClass):
         em = Emitter(kernel, space)  # operands and free tensors never reach the product: no handler for it
         free = free_tensors(kernel, node.output)
         side = [name for name in kernel.outputs if name in free]
-        tiles = f"num_m * num_n * {gemm.problems}"
+        tile_count = f"num_m * num_n * {gemm.problems}"
         em.line("pid = tl.program_id(0)")
         em.line(f"num_m = ({gemm.m} + BLOCK_M - 1) // BLOCK_M")
         em.line(f"num_n = ({gemm.n} + BLOCK_N - 1) // BLOCK_N")
-        with _block(em, f"if pid < {tiles}:" if side else None):
+        with _block(em, f"if pid < {tile_count}:" if side else None):
             self._gemm(em, node, gemm)
         side_elements = 0
         if side:
             with _block(em, "else:"):
-                side_elements = _side_outputs(em, side, tiles)
+                side_elements = _side_outputs(em, side, tile_count)
         if any(kernel.tensors[t].numel > MAX_ELEMENTS for t in em.pointers):
             raise Refuse("tensor too large for int32 offsets")
-        return em.generated(self.name, CONSTEXPRS, variants(gemm, side_elements), entry=f"{self.name}_kernel")
+        rate = tiles.matrix_rate(gemm.dtype, self.input_precision)
+        return em.generated(self.name, CONSTEXPRS, variants(gemm, side_elements, rate), entry=f"{self.name}_kernel")
 
     def _gemm(self, em: Emitter, node: Node, gemm: Gemm) -> None:
         for line in ("batch = pid // (num_m * num_n)",
@@ -284,9 +285,17 @@ def _side_outputs(em: Emitter, names: Sequence[str], tiles: str) -> int:
     return max(groups)
 
 
-def variants(gemm: Gemm, side_elements: int) -> tuple[Variant, ...]:
+def variants(gemm: Gemm, side_elements: int, matrix_flops: float) -> tuple[Variant, ...]:
+    """The launch variants: the model's best tiles at ``matrix_flops`` (``tiles.py``, ``config.tile_variants`` of
+    them), or with ``tile_variants = 0`` the eight fixed shapes of ``block_sizes``."""
+    if config.tile_variants > 0:
+        chosen = tiles.best_tiles(gemm.m, gemm.n, gemm.k, gemm.problems, gemm.dtype, config.tile_variants,
+                                  matrix_flops)
+        shapes = [(t.block_m, t.block_n, t.block_k, t.warps, t.stages) for t in chosen]
+    else:
+        shapes = block_sizes(gemm.m, gemm.n, gemm.k)
     out = []
-    for bm, bn, bk, warps, stages in block_sizes(gemm.m, gemm.n, gemm.k):
+    for bm, bn, bk, warps, stages in shapes:
         grid = (-(-gemm.m // bm) * -(-gemm.n // bn) * gemm.problems + -(-side_elements // SIDE_BLOCK),)
         constexprs = (("BLOCK_M", bm), ("BLOCK_N", bn), ("BLOCK_K", bk), ("GROUP_M", GROUP_M))
         out.append(Variant(constexprs, grid, warps, stages))
@@ -294,17 +303,14 @@ def variants(gemm: Gemm, side_elements: int) -> tuple[Variant, ...]:
 
 
 def block_sizes(m: int, n: int, k: int) -> list[tuple[int, int, int, int, int]]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) choices, blocks clipped to the problem (tl.dot needs >= 16)."""
+    """The eight fixed (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) shapes korch tried before ``tiles.py``, clipped to
+    the problem (tl.dot needs >= 16)."""
     configs = [(64, 64, 32, 4, 3), (128, 128, 32, 8, 3), (128, 64, 64, 4, 4), (64, 128, 32, 4, 4),
                (128, 256, 64, 8, 3), (32, 64, 32, 4, 2), (64, 32, 64, 4, 4), (16, 64, 64, 4, 3)]
     seen, out = set(), []
     for bm, bn, bk, warps, stages in configs:
-        key = (_clip(bm, m), _clip(bn, n), _clip(bk, k))
+        key = (tiles.clip_side(bm, m), tiles.clip_side(bn, n), tiles.clip_side(bk, k))
         if key not in seen:
             seen.add(key)
             out.append((*key, warps if key[0] * key[1] >= 128 * 64 else 4, stages))
     return out
-
-
-def _clip(block: int, size: int) -> int:
-    return max(16, min(block, 1 << max(0, size - 1).bit_length()))

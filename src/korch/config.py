@@ -45,10 +45,11 @@ max_kernel_nodes: int = int(os.environ.get("KORCH_MAX_KERNEL_NODES", "8"))
 # whole models (<= 1000 primitives) solve as one exact program in seconds.
 max_segment_nodes: int = int(os.environ.get("KORCH_MAX_SEGMENT_NODES", "2000"))
 
-# Launch variants of a Triton GEMM or convolution kernel that a measured search compiles and times: the best
-# tiles by backends/triton/tiles.py's model (each one more compile and timing per candidate on a GPU); 0: the
-# eight fixed tile shapes korch used before (to measure what the model's choice costs).
-tile_variants: int = int(os.environ.get("KORCH_TILE_VARIANTS", "2"))
+# Launch variants of a Triton GEMM, convolution or pointwise kernel that a measured search compiles and times
+# (each one more compile and timing per candidate on a GPU): GEMMs and convolutions the best tiles by
+# backends/triton/tiles.py's model, pointwise kernels the default block and the one that fills the GPU; 0: every
+# fixed variant korch used before (eight tile shapes, four block sizes), to measure what the choice costs.
+launch_variants: int = int(os.environ.get("KORCH_LAUNCH_VARIANTS", "2"))
 
 # On a CPU, compile the whole plan into one AOTInductor package (runtime/unit.py) instead of running its
 # kernels one Python call at a time. Off, `korch optimize` builds faster (no whole-plan compile) and the

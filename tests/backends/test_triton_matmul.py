@@ -83,15 +83,15 @@ def test_input_precision_follows_the_precision_policy():
     assert 'input_precision="tf32x3"' in _run(graph, MatmulClass(input_precision="tf32x3")).source
 
 
-@pytest.mark.parametrize("tile_variants", [2, 0])
-def test_every_variant_matches_reference(tile_variants):
+@pytest.mark.parametrize("launch_variants", [2, 0])
+def test_every_variant_matches_reference(launch_variants):
     """The model's two tiles (of two shapes), and the eight fixed shapes it replaced."""
     graph = CASES["odd_2d"]()
-    with config.patch(tile_variants=tile_variants):
+    with config.patch(launch_variants=launch_variants):
         generated = MATMUL.generate(graph)
     built = TritonKernel(graph, generated, "cpu")
     shapes = {dict(v.constexprs)["BLOCK_M"] * 1000 + dict(v.constexprs)["BLOCK_N"] for v in generated.variants}
-    assert len(generated.variants) == len(shapes) == 2 if tile_variants else len(generated.variants) > 3
+    assert len(generated.variants) == len(shapes) == 2 if launch_variants else len(generated.variants) > 3
     for variant in generated.variants:
         built.variant = variant
         check_built(built, graph)

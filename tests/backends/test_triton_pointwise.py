@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
+from korch import config
 from korch.backends.triton.launch import TritonKernel
 from korch.backends.triton.pointwise import POINTWISE
 from korch.ir.ops import Op
@@ -97,6 +98,15 @@ def test_variants_start_with_a_safe_default_and_grid_covers_every_output():
         block = dict(variant.constexprs)["BLOCK"]
         assert variant.grid == (sum(-(-n // block) for n in (35, 49)),)  # (7,5) and (5,7) share one range, (7,7) has its own
     assert dict(generated.variants[0].constexprs)["BLOCK"] == 256
+
+
+@pytest.mark.parametrize("launch_variants, blocks", [(2, [1024, 512]), (0, [1024, 256, 512, 2048])])
+def test_a_large_kernel_keeps_the_default_and_the_largest_block_that_fills_the_gpu(launch_variants, blocks):
+    graph = build({"x": ((1 << 20,), "float32")}, [(Op.RELU, ["x"], "y", {})], ["y"])
+    with config.patch(launch_variants=launch_variants):
+        generated = POINTWISE.generate(graph)
+    # 2**20 elements: blocks of 512 make 2048 programs (4 a SM of an H100's 132: 528), of 2048 only 512
+    assert [dict(v.constexprs)["BLOCK"] for v in generated.variants] == blocks
 
 
 def _huge():

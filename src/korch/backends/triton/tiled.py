@@ -286,10 +286,10 @@ def _side_outputs(em: Emitter, names: Sequence[str], tiles: str) -> int:
 
 
 def variants(gemm: Gemm, side_elements: int, matrix_flops: float) -> tuple[Variant, ...]:
-    """The launch variants: the model's best tiles at ``matrix_flops`` (``tiles.py``, ``config.tile_variants`` of
-    them), or with ``tile_variants = 0`` the eight fixed shapes of ``block_sizes``."""
-    if config.tile_variants > 0:
-        chosen = tiles.best_tiles(gemm.m, gemm.n, gemm.k, gemm.problems, gemm.dtype, config.tile_variants,
+    """The launch variants: the model's best tiles at ``matrix_flops`` (``tiles.py``, ``config.launch_variants`` of
+    them), or with ``launch_variants = 0`` the eight fixed shapes of ``block_sizes``."""
+    if config.launch_variants > 0:
+        chosen = tiles.best_tiles(gemm.m, gemm.n, gemm.k, gemm.problems, gemm.dtype, config.launch_variants,
                                   matrix_flops)
         shapes = [(t.block_m, t.block_n, t.block_k, t.warps, t.stages) for t in chosen]
     else:

@@ -4,7 +4,7 @@ A measured search compiles and times every launch variant of every Triton
 GEMM or convolution candidate, at 0.3 to 4.5 s a compile for sm_90: with the
 eight fixed tile shapes of a hand-written list, hours of compiling for the
 zoo. Here, as in ROLLER (the seed paper), tiles are constructed rather than
-searched, and only the best ``config.tile_variants`` by a micro-performance
+searched, and only the best ``config.launch_variants`` by a micro-performance
 model are compiled and timed.
 
 * **Construction.** Block sides are multiples of 16 (``tl.dot``'s least, and

@@ -16,20 +16,20 @@ model are compiled and timed.
   operands).
 * **Model.** The time is the busiest SM's: the tiles it runs (the grid over
   the SMs), as many at once as registers, shared memory and warp slots let
-  in, in rounds. Each round takes its K steps, and a step of the tiles
-  running together is the longest of their multiply-adds at the SM's matrix
-  rate, their operand bytes at the SM's share of the L2 bandwidth, and one
-  global load's latency over the loads a block keeps in flight (stages - 1),
-  and their operand reads from shared memory (each element once for every
-  thread, or tensor-core warp, that needs it: a unit holding u outputs reads
-  an element about 1/sqrt(u) times per output).
-  Padding counts: a 128-row tile on a 20-row problem does 128 rows of work.
-  The whole problem also cannot beat its unique bytes at the memory bandwidth.
+  in, in rounds of K steps. A step of the tiles running together takes the
+  longest of: their multiply-adds at the SM's share of the matrix rate;
+  their operand bytes at its share of the L2 bandwidth; their operand reads
+  from shared memory (each element once for every thread, or tensor-core
+  warp, that needs it: a unit holding u outputs of the tile reuses a read
+  about sqrt(u) times); one global load's latency over the loads a block
+  keeps in flight (stages - 1). Padding counts: a 128-row tile on a 20-row
+  problem does 128 rows of work. The whole problem also cannot beat its
+  unique bytes at the memory bandwidth. Ties go to less operand traffic.
 
 The ranking only has to put a near-best tile in the first two; on a GPU the
 two are compiled and timed and the faster kept (``launch.TritonKernel.tune``).
-``benchmarks/kernel_microbench.py`` can time the constructed pair against the
-eight fixed shapes when a GPU is lent.
+What the choice costs against the eight fixed shapes is for a GPU session to
+measure: the same benchmark with ``KORCH_LAUNCH_VARIANTS=0`` and without.
 """
 
 from __future__ import annotations
@@ -37,19 +37,22 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from korch.cost.devices import GPUS
+
 # The GPU the tiles are ranked for: an H100 SXM (sm_90), korch's campaign device; shared memory capped at the
 # A100's 163 KB per block so that every tile also compiles for sm_80.
+_H100 = GPUS["h100"]
 SMS = 132
 SHARED_BYTES_PER_BLOCK = 163 * 1024
 SHARED_BYTES_PER_SM = 228 * 1024
 REGISTERS_PER_SM = 65536
 WARPS_PER_SM = 64
 BLOCKS_PER_SM = 32
-# dense rates (cost/devices.py): half and TF32 on tensor cores, float32 as given ("ieee") on the FMA pipes
-HALF_FLOPS, TF32_FLOPS, FMA_FLOPS = 989.4e12, 494.7e12, 66.9e12
-L2_BANDWIDTH = SMS * 128 * 1.98e9   # bytes/s into the SMs (cost/devices.py: the SM-side ceiling)
-SHARED_BANDWIDTH_PER_SM = 128 * 1.98e9  # 32 banks of 4 bytes a clock
-MEMORY_BANDWIDTH = 3.35e12
+# dense rates: half and TF32 on tensor cores, float32 as given ("ieee") on the FMA pipes
+HALF_FLOPS, TF32_FLOPS, FMA_FLOPS = _H100.matrix_flops["float16"], _H100.matrix_flops["float32"], _H100.vector_flops
+L2_BANDWIDTH = _H100.cache_bandwidth  # bytes/s into all SMs (the SM-side ceiling)
+SHARED_BANDWIDTH_PER_SM = L2_BANDWIDTH / SMS  # 32 banks of 4 bytes a clock: the same 128 bytes a clock
+MEMORY_BANDWIDTH = _H100.memory_bandwidth
 ACCUMULATORS_PER_THREAD = 128       # float32 accumulator registers a thread may hold
 LOAD_LATENCY_S = 600 / 1.98e9       # a global load's latency: about 600 cycles from issue to use
 SIDES = (16, 32, 64, 128, 256)

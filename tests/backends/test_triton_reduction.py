@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
+from korch import config
 from korch.backends.triton.launch import TritonKernel
 from korch.backends.triton.reduction import REDUCTION
 from korch.ir.ops import Op
@@ -102,3 +103,15 @@ def test_reduction_refusals_name_the_reason():
     assert REDUCTION.claims(CASES["layer_norm"]()) is None
     pointwise = kernel([helper.make_node("Relu", ["x"], ["y"])], {"x": (3,)}, {"y": (3,)})
     assert REDUCTION.claims(pointwise) == "no reduction"
+
+
+def test_many_rows_keep_the_default_and_the_widest_variant_that_fills_the_gpu():
+    graph = build({"x": ((8192, 64), "float32")},
+                  [(Op.REDUCE_SUM, ["x"], "s", {"axes": (1,), "keepdims": True})], ["s"])
+    with config.patch(launch_variants=0):
+        every = REDUCTION.generate(graph).variants
+    chosen = REDUCTION.generate(graph).variants
+    xblock = [dict(v.constexprs)["XBLOCK"] for v in every]
+    assert xblock == [32, 64, 8, 1]  # 2048 elements a program by default; then twice, a quarter, one row
+    # of the others, 8 rows a program is the widest that still gives an H100's 132 SMs 4 programs each (1024)
+    assert list(chosen) == [every[0], every[2]]

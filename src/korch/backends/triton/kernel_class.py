@@ -9,8 +9,11 @@ claim what it can write.
 
 from __future__ import annotations
 
-from korch.backends.triton import scalar
-from korch.backends.triton.generated import GeneratedKernel
+from collections.abc import Callable, Sequence
+
+from korch import config
+from korch.backends.triton import scalar, tiles
+from korch.backends.triton.generated import GeneratedKernel, Variant
 from korch.ir.graph import Graph
 from korch.ir.ops import ELEMENTWISE, Op
 
@@ -64,3 +67,20 @@ def wide_index(kernel: Graph) -> bool:
 
 def next_power_of_2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+# programs per SM of an H100 that a memory-bound kernel's grid should reach
+PROGRAMS_PER_SM = 4
+
+
+def chosen_variants(variants: Sequence[Variant], elements: Callable[[Variant], int]) -> list[Variant]:
+    """With ``config.launch_variants``: the default (first) and, of the others, the one with the most
+    ``elements`` a program that still gives every SM of an H100 ``PROGRAMS_PER_SM`` programs (a memory-bound
+    kernel wants both), else the one with the most programs; with 0, all of them."""
+    if not config.launch_variants or len(variants) <= 2:
+        return list(variants)
+    others = variants[1:]
+    filling = [v for v in others if v.grid[0] >= PROGRAMS_PER_SM * tiles.SMS]
+    pick = max(filling, key=elements) if filling else max(others, key=lambda v: v.grid[0])
+    return [variants[0], pick][:max(1, config.launch_variants)]
+

@@ -13,18 +13,16 @@ its transpose) are written by the same programs, sharing what they can.
 
 from __future__ import annotations
 
-from korch import config
-from korch.backends.triton import tiles
 from korch.backends.triton.emit import Emitter, Handler
 from korch.backends.triton.generated import GeneratedKernel, Variant
 from korch.backends.triton.indexing import Space
-from korch.backends.triton.kernel_class import KernelClass, Refuse, check_ops, next_power_of_2, wide_index
+from korch.backends.triton.kernel_class import (KernelClass, Refuse, check_ops, chosen_variants, next_power_of_2,
+                                                wide_index)
 from korch.ir.graph import Graph
 from korch.ir.ops import ELEMENTWISE, LAYOUT, Op
 
 # (BLOCK, warps); the first is the default
 VARIANTS = ((1024, 4), (256, 4), (512, 4), (2048, 8))
-PROGRAMS_PER_SM = 4
 
 
 def output_groups(kernel: Graph) -> list[tuple[int, list[str]]]:
@@ -69,18 +67,7 @@ def write_flat(kernel: Graph, kernel_class: str, handlers: dict[Op, Handler] | N
             continue
         grid = sum(-(-numel // block) for numel, _ in groups)
         variants.append(Variant((("BLOCK", block),), (grid,), num_warps=warps))
-    return em.generated(kernel_class, ["BLOCK"], chosen_variants(variants))
-
-
-def chosen_variants(variants: list[Variant]) -> list[Variant]:
-    """With ``config.launch_variants``: the default and, of the others, the largest block that still gives every
-    SM of an H100 ``PROGRAMS_PER_SM`` programs (a memory-bound kernel wants both), else the one with the most."""
-    if not config.launch_variants or len(variants) <= 2:
-        return variants
-    others = variants[1:]
-    filling = [v for v in others if v.grid[0] >= PROGRAMS_PER_SM * tiles.SMS]
-    pick = max(filling, key=lambda v: dict(v.constexprs)["BLOCK"]) if filling else max(others, key=lambda v: v.grid[0])
-    return [variants[0], pick][:max(1, config.launch_variants)]
+    return em.generated(kernel_class, ["BLOCK"], chosen_variants(variants, lambda v: dict(v.constexprs)["BLOCK"]))
 
 
 class Pointwise(KernelClass):

@@ -26,7 +26,8 @@ from korch.backends.triton import scalar
 from korch.backends.triton.emit import Emitter, Val
 from korch.backends.triton.generated import GeneratedKernel, Variant
 from korch.backends.triton.indexing import Ix, Space
-from korch.backends.triton.kernel_class import KernelClass, Refuse, check_ops, next_power_of_2, wide_index
+from korch.backends.triton.kernel_class import (KernelClass, Refuse, check_ops, chosen_variants, next_power_of_2,
+                                                wide_index)
 from korch.ir import dtypes
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import ELEMENTWISE, LAYOUT, REDUCE, Op
@@ -256,15 +257,19 @@ class Reduction(KernelClass):
         return writer.em.generated(self.name, ["XBLOCK", "RBLOCK"], _variants(plan, persistent), HELPERS)
 
 
-def _variants(plan: _Plan, persistent: bool) -> tuple[Variant, ...]:
+def _variants(plan: _Plan, persistent: bool) -> list[Variant]:
+    """Launch variants, the default first, narrowed by ``kernel_class.chosen_variants`` (elements a program
+    reduces at once: XBLOCK rows of RBLOCK)."""
     rows = next_power_of_2(plan.rows)
     if not persistent:
-        return tuple(Variant((("XBLOCK", 1), ("RBLOCK", r)), (plan.rows,), num_warps=w) for r, w in LOOP_VARIANTS)
-    rblock = plan.persistent_block
-    default = max(1, min(rows, 2048 // rblock))
-    blocks = dict.fromkeys(b for b in (default, default * 2, max(1, default // 4), 1) if b <= rows)
-    return tuple(Variant((("XBLOCK", b), ("RBLOCK", rblock)), (-(-plan.rows // b),),
-                         num_warps=8 if b * rblock >= 4096 else 4) for b in blocks)
+        every = [Variant((("XBLOCK", 1), ("RBLOCK", r)), (plan.rows,), num_warps=w) for r, w in LOOP_VARIANTS]
+    else:
+        rblock = plan.persistent_block
+        default = max(1, min(rows, 2048 // rblock))
+        blocks = dict.fromkeys(b for b in (default, default * 2, max(1, default // 4), 1) if b <= rows)
+        every = [Variant((("XBLOCK", b), ("RBLOCK", rblock)), (-(-plan.rows // b),),
+                         num_warps=8 if b * rblock >= 4096 else 4) for b in blocks]
+    return chosen_variants(every, lambda v: dict(v.constexprs)["XBLOCK"] * dict(v.constexprs)["RBLOCK"])
 
 
 REDUCTION = Reduction()

@@ -94,7 +94,9 @@ def certificate(graph, cset, segments, truth: dict[int, float], bounds, slack: f
     return needed
 
 
-def replay(model: str, db: str | None, floor_models: list[str], slacks: list[float], jobs: int | None) -> dict:
+def replay(model: str, db: str | None, floor_models: list[str], slacks: list[float],
+           jobs: int | None) -> tuple[dict, dict[str, float]]:
+    """The model's row of results, and its measured latency by signature."""
     from korch import config
     from korch.backends.db import ProfileDB
     from korch.backends.measure import KernelMeasurer
@@ -121,14 +123,15 @@ def replay(model: str, db: str | None, floor_models: list[str], slacks: list[flo
         measurer.close()
     latency = {c.signature: truth[c.id] for c in cset.candidates}
     full, _ = solve_segments(graph, cset, segments, [truth[c.id] for c in cset.candidates], None)
-    row = {"model": model, "candidates": len(cset.candidates), "signatures": len(latency), "latency": latency,
+    row = {"model": model, "candidates": len(cset.candidates), "signatures": len(latency),
            "measure_everything_s": round(time.perf_counter() - started, 1),
            "optimum_ms": sum(k.cost_s for k in full) * 1e3, "floor_models": {}}
     for name in floor_models:
         bounds = floors(name, graph, cset.candidates, device, latency)
         oracle = _Replay(cset.candidates, latency, bounds)
         kernels, _ = solve_segments(graph, cset, segments, bounds, None, measurer=oracle)
-        ratios = sorted(truth[c.id] / b for c, b in zip(cset.candidates, bounds) if b > 0 and math.isfinite(truth[c.id]))
+        ratios = sorted(truth[c.id] / b for c, b in zip(cset.candidates, bounds)
+                        if b > 0 and math.isfinite(truth[c.id]))
         entry = {"lazy_asked": len(oracle.asked), "lazy_share": len(oracle.asked) / len(latency),
                  "lazy_objective_ms": sum(latency[k.signature] for k in kernels) * 1e3,
                  "below_floor": sum(1 for c, b in zip(cset.candidates, bounds) if truth[c.id] < b),
@@ -142,7 +145,7 @@ def replay(model: str, db: str | None, floor_models: list[str], slacks: list[flo
               f"({entry['lazy_share']:.0%}), objective {entry['lazy_objective_ms']:.3f} ms (optimum "
               f"{row['optimum_ms']:.3f}); certificate {proofs}; median measured/floor "
               f"{entry['measured_over_floor_median']:.2f}, {entry['below_floor']} below their floor", flush=True)
-    return row
+    return row, latency
 
 
 def main(argv=None) -> int:
@@ -155,9 +158,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--export", default=None, help="write the measured latencies and the probe record here")
     args = parser.parse_args(argv)
-    rows = [replay(m, args.db, args.floors.split(","), [float(s) for s in args.slack.split(",")], args.jobs)
-            for m in args.models]
-    latencies = {row["model"]: row.pop("latency") for row in rows}
+    replayed = {m: replay(m, args.db, args.floors.split(","), [float(s) for s in args.slack.split(",")], args.jobs)
+                for m in args.models}
+    rows = [row for row, _ in replayed.values()]
+    latencies = {m: latency for m, (_, latency) in replayed.items()}
     if args.export:
         from korch.cost.probe import cpu_record
 

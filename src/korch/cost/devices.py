@@ -41,6 +41,7 @@ class Device:
     # 3x3 float32 convolutions at up to 4x the FMA peak in direct-algorithm FLOPs); if so a convolution's floor
     # counts one multiply-add per output, input channel and stride phase, not per kernel tap
     fast_convolution: bool = True
+    sms: int = 0  # a GPU's streaming multiprocessors (0: not a GPU)
 
     def vector_peak(self, dtype: str = "float32") -> float:
         if dtype in HALF_DTYPES and self.half_vector_flops:
@@ -108,7 +109,7 @@ GPUS: dict[str, Device] = {
         half_vector_flops=2 * _issue_ceiling(132, 1.98e9),  # 133.8e12, the published FP16 non-tensor peak
         matrix_flops={"float32": 494.7e12, "float16": 989.4e12, "bfloat16": 989.4e12},
         launch_overhead=GPU_LAUNCH_OVERHEAD, cache_bytes=50 * MIB, cache_bandwidth=_sm_ceiling(132, 1.98e9),
-        source=_H100_SOURCE,
+        sms=132, source=_H100_SOURCE,
     ),
     "h200": Device(
         name="h200", kind="gpu", memory_bandwidth=4.8e12,
@@ -116,7 +117,7 @@ GPUS: dict[str, Device] = {
         half_vector_flops=2 * _issue_ceiling(132, 1.98e9),
         matrix_flops={"float32": 494.7e12, "float16": 989.4e12, "bfloat16": 989.4e12},
         launch_overhead=GPU_LAUNCH_OVERHEAD, cache_bytes=60 * MIB, cache_bandwidth=_sm_ceiling(132, 1.98e9),
-        source=_H200_SOURCE,
+        sms=132, source=_H200_SOURCE,
     ),
     "a100": Device(
         name="a100", kind="gpu", memory_bandwidth=2.039e12,
@@ -124,7 +125,7 @@ GPUS: dict[str, Device] = {
         half_vector_flops=2 * _issue_ceiling(108, 1.41e9),
         matrix_flops={"float32": 156e12, "float16": 312e12, "bfloat16": 312e12},
         launch_overhead=GPU_LAUNCH_OVERHEAD, cache_bytes=40 * MIB, cache_bandwidth=5120 * 1.41e9,
-        source=_A100_SOURCE,
+        sms=108, source=_A100_SOURCE,
     ),
     "v100": Device(
         name="v100", kind="gpu", memory_bandwidth=900e9,
@@ -132,7 +133,7 @@ GPUS: dict[str, Device] = {
         half_vector_flops=2 * _issue_ceiling(80, 1.53e9),
         matrix_flops={"float32": 15.7e12, "float16": 125e12},
         launch_overhead=GPU_LAUNCH_OVERHEAD, cache_bytes=6 * MIB, cache_bandwidth=2048 * 1.53e9,
-        source=_V100_SOURCE,
+        sms=80, source=_V100_SOURCE,
     ),
 }
 

@@ -50,6 +50,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -115,7 +116,7 @@ class PlanModule(torch.nn.Module):
             self.register_buffer(attr, as_torch(value).to(device), persistent=True)
             self._constant_attr[name] = attr
         self._graph, self._plan, self._device, self._sizes = graph, plan, device, sizes
-        self._layouts = {"channels_last": channels_last, "pointwise_products": pointwise_products}
+        self._lowering = {"channels_last": channels_last, "pointwise_products": pointwise_products}  # node_function's
         self.token, self._replaced = None, {}
         if ort_kernels:
             self._replace_by_ort_kernels(graph)
@@ -144,7 +145,7 @@ class PlanModule(torch.nn.Module):
         nodes = {node.name: node for node in graph.nodes}
 
         def step(name: str):
-            return self._replaced.get(name) or (node_function(graph, nodes[name], self._device, **self._layouts),
+            return self._replaced.get(name) or (node_function(graph, nodes[name], self._device, **self._lowering),
                                                 nodes[name].inputs, nodes[name].outputs)
 
         return [[step(n) for n in k.nodes if n not in self._replaced or self._replaced[n]]
@@ -349,26 +350,28 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     (``CHOICE_ROUNDS`` rounds, median of the rounds' medians). A variant that fails to compile is left out;
     if all fail, the first failure is raised. A graph with convolutions then has the fastest also compiled with
     NCHW values between its kernels, and the two take turns again; ``config.unit_boundaries`` ("nchw",
-    "channels-last") instead fixes that layout for every variant."""
+    "channels-last") instead fixes that layout for every variant. A graph with 1x1 convolutions last has the
+    fastest compiled with the library's convolutions instead of products, and the two take turns."""
     from korch import config
 
     boundaries = config.checked_unit_boundaries(config.unit_boundaries)
     convolutions = any(node.op in (Op.CONV, Op.CONV_TRANSPOSE) for node in graph.nodes)
-    built, variants, errors = {}, {}, []
+    built: dict[str, _Built] = {}
+    errors = []
 
     def add(name: str, variant: Variant) -> None:
         try:
             data = compile_unit(graph, plan, device, variant, size_range)
-            built[name], variants[name] = (data, CompiledUnit.from_bytes(data)), variant
+            built[name] = _Built(data, CompiledUnit.from_bytes(data), variant)
         except Exception as exc:  # Inductor's failures are many: the other variant may compile
             errors.append(exc)
 
     def challenge(best: str, name: str, change: dict, label: str) -> bool:
         """Compile ``best`` changed as ``change`` (as ``name``); the two take turns; whether it is faster."""
-        add(name, dataclasses.replace(variants[best], **change))
+        add(name, dataclasses.replace(built[best].variant, **change))
         if name not in built:
             return False
-        again = _median_seconds({n: built[n][1] for n in (best, name)}, inputs, device)
+        again = _median_seconds({n: built[n].unit for n in (best, name)}, inputs, device)
         seconds.update({f"{best}, {label}": again[best], name: again[name]})
         return again[name] < again[best]
 
@@ -378,7 +381,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     if not built:
         raise errors[0] if errors else KorchError("no compiled unit: no variant applies to this graph")
     inputs = example_inputs(graph, device)
-    seconds = _median_seconds({name: loaded for name, (_, loaded) in built.items()}, inputs, device)
+    seconds = _median_seconds({name: b.unit for name, b in built.items()}, inputs, device)
     best = min(seconds, key=seconds.get) if seconds else next(iter(built))
     choice = {"weights": best}
     if convolutions:
@@ -393,9 +396,17 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         if challenge(best, by_library, {"pointwise_products": False}, "pointwise convolutions as products"):
             best, choice["pointwise convolutions"] = by_library, "library"
     choice["measured_ms"] = {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}
-    if variants[best].ort_kernels:
+    if built[best].variant.ort_kernels:
         choice["libraries"] = [ort_gemm.LIBRARY_FILE]
-    return built[best][0], choice
+    return built[best].data, choice
+
+
+class _Built(NamedTuple):
+    """A compiled unit of ``choose_unit``: its package, loaded, and the variant it was compiled as."""
+
+    data: bytes
+    unit: CompiledUnit
+    variant: Variant
 
 
 def chosen_variant(choice: dict) -> Variant:

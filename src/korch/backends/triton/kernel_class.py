@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from korch import config
-from korch.backends.triton import scalar, tiles
+from korch.backends.triton import scalar
 from korch.backends.triton.generated import GeneratedKernel, Variant
+from korch.cost.devices import GPUS
 from korch.ir.graph import Graph
 from korch.ir.ops import ELEMENTWISE, Op
 
@@ -80,7 +81,7 @@ def chosen_variants(variants: Sequence[Variant], elements: Callable[[Variant], i
     if not config.launch_variants or len(variants) <= 2:
         return list(variants)
     others = variants[1:]
-    filling = [v for v in others if v.grid[0] >= PROGRAMS_PER_SM * tiles.SMS]
+    filling = [v for v in others if v.grid[0] >= PROGRAMS_PER_SM * GPUS["h100"].sms]
     pick = max(filling, key=elements) if filling else max(others, key=lambda v: v.grid[0])
     return [variants[0], pick][:max(1, config.launch_variants)]
 

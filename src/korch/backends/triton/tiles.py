@@ -35,14 +35,17 @@ measure: the same benchmark with ``KORCH_LAUNCH_VARIANTS=0`` and without.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
+from korch.backends.triton.kernel_class import next_power_of_2
 from korch.cost.devices import GPUS
+from korch.ir.dtypes import itemsize as dtype_bytes
 
 # The GPU the tiles are ranked for: an H100 SXM (sm_90), korch's campaign device; shared memory capped at the
 # A100's 163 KB per block so that every tile also compiles for sm_80.
 _H100 = GPUS["h100"]
-SMS = 132
+SMS = _H100.sms
 SHARED_BYTES_PER_BLOCK = 163 * 1024
 SHARED_BYTES_PER_SM = 228 * 1024
 REGISTERS_PER_SM = 65536
@@ -79,7 +82,11 @@ def matrix_rate(dtype: str, input_precision: str) -> float:
 
 def clip_side(side: int, size: int) -> int:
     """The side, no larger than the problem rounded up to a power of two, at least 16."""
-    return max(16, min(side, 1 << max(0, size - 1).bit_length()))
+    return max(16, min(side, next_power_of_2(size)))
+
+
+def _tile_count(tile: Tile, m: int, n: int, problems: int) -> int:
+    return math.ceil(m / tile.block_m) * math.ceil(n / tile.block_n) * problems
 
 
 def _shared_bytes(bm: int, bn: int, bk: int, stages: int, itemsize: int) -> int:
@@ -96,12 +103,11 @@ def blocks_per_sm(tile: Tile, itemsize: int) -> int:
 
 def model_seconds(tile: Tile, m: int, n: int, k: int, problems: int, dtype: str, matrix_flops: float) -> float:
     """The micro-performance model's time for ``problems`` GEMMs of m x n x k with ``tile`` (see the docstring)."""
-    itemsize = 2 if dtype == "float16" else 4
+    itemsize = dtype_bytes(dtype)
     resident = blocks_per_sm(tile, itemsize)
     if resident == 0:
         return math.inf
-    tiles = math.ceil(m / tile.block_m) * math.ceil(n / tile.block_n) * problems
-    per_sm = math.ceil(tiles / SMS)          # tiles the busiest SM runs
+    per_sm = math.ceil(_tile_count(tile, m, n, problems) / SMS)  # tiles the busiest SM runs
     together = min(resident, per_sm)         # of them at once
     rounds = math.ceil(per_sm / together)
     steps = math.ceil(k / tile.block_k)
@@ -120,7 +126,7 @@ def model_seconds(tile: Tile, m: int, n: int, k: int, problems: int, dtype: str,
 
 def construct(m: int, n: int, k: int, problems: int, dtype: str, matrix_flops: float) -> list[Tile]:
     """Every tile that fits (see the docstring), clipped to the problem, fastest first by the model."""
-    itemsize = 2 if dtype == "float16" else 4
+    itemsize = dtype_bytes(dtype)
     seen: dict[tuple[int, int, int, int, int], Tile] = {}
     for bm in SIDES:
         for bn in SIDES:
@@ -135,17 +141,19 @@ def construct(m: int, n: int, k: int, problems: int, dtype: str, matrix_flops: f
                     key = (*sides, warps, stages)
                     if key not in seen:
                         tile = Tile(*key)
-                        tiles = math.ceil(m / tile.block_m) * math.ceil(n / tile.block_n) * problems
-                        traffic = tiles * (tile.block_m + tile.block_n) * math.ceil(k / tile.block_k) * tile.block_k
-                        seen[key] = dataclasses.replace(tile, seconds=model_seconds(tile, m, n, k, problems, dtype,
-                                                                                     matrix_flops),
-                                                        traffic=traffic * itemsize)
+                        steps = math.ceil(k / tile.block_k)
+                        loads = _tile_count(tile, m, n, problems) * (tile.block_m + tile.block_n) * steps * tile.block_k
+                        seen[key] = dataclasses.replace(
+                            tile, seconds=model_seconds(tile, m, n, k, problems, dtype, matrix_flops),
+                            traffic=loads * itemsize)
     # ties (both bound by memory, or by the matrix rate) go to less traffic, then fewer stages (less to compile)
     return sorted((t for t in seen.values() if math.isfinite(t.seconds)),
                   key=lambda t: (round(t.seconds, 12), t.traffic, t.stages, t.block_m * t.block_n * t.block_k))
 
 
-def best_tiles(m: int, n: int, k: int, problems: int, dtype: str, count: int, matrix_flops: float) -> list[Tile]:
+@functools.lru_cache(maxsize=4096)  # a kernel class generates its kernel to claim it: the same GEMM many times
+def best_tiles(m: int, n: int, k: int, problems: int, dtype: str, count: int,
+               matrix_flops: float) -> tuple[Tile, ...]:
     """The model's ``count`` fastest tiles for the problem (at least one), each after the first of a shape
     (BLOCK_M x BLOCK_N) not chosen yet: a hedge against the model, not its runner-up with one more stage."""
     chosen: list[Tile] = []
@@ -154,4 +162,4 @@ def best_tiles(m: int, n: int, k: int, problems: int, dtype: str, count: int, ma
             break
         if not chosen or all((t.block_m, t.block_n) != (tile.block_m, tile.block_n) for t in chosen):
             chosen.append(tile)
-    return chosen
+    return tuple(chosen)

@@ -162,3 +162,39 @@ def test_db_check_compares_every_measured_kernel_with_its_floor(tmp_path, capsys
     after = check_floors(str(model), target="cpu", db=db)
     assert {b.signature for b in after.below} == already | {slowest.signature}
     assert code == 1 and f"{len(after.below)} faster than their floor" in out and slowest.signature[:10] in out
+
+
+def test_a_build_worker_compiles_the_kernel_the_parent_times(monkeypatch):
+    """A worker writes the kernel for the parent's thread count (Inductor bakes it into the parallel loops), so
+    the parent's rebuild before timing finds it compiled: it compiles nothing, and times what was checked."""
+    import random
+
+    import torch
+    from torch._inductor import cpp_builder
+
+    from korch import precision, workers
+    from korch.ir.graph import Graph, Node, Tensor
+    from korch.ir.ops import Op
+
+    size = random.randrange(10**5, 10**6)  # a kernel no earlier run compiled
+    kernel = Graph(name="fresh")
+    for name in ("x", "e", "y"):
+        kernel.add_tensor(Tensor(name=name, shape=(size,), dtype="float32"))
+    kernel.nodes += [Node(op=Op.EXP, inputs=("x",), outputs=("e",), name="e"),
+                     Node(op=Op.NEG, inputs=("e",), outputs=("y",), name="y")]
+    kernel.inputs, kernel.outputs = ["x"], ["y"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # not the worker's default of one
+    try:
+        with workers.pool(1) as pool:
+            checked = pool.submit(measure._worker, "cpu", kernel, "cpu", "inductor", precision.current().name,
+                                  torch.get_num_threads()).result()
+        assert checked.status == "ok", checked.message
+        compiles = []
+        build = cpp_builder.CppBuilder.build
+        monkeypatch.setattr(cpp_builder.CppBuilder, "build", lambda self: compiles.append(self) or build(self))
+        registry.InductorBackend().build(kernel, "cpu")
+    finally:
+        torch.set_num_threads(threads)
+    # (a process's first build also preprocesses Inductor's header, to key its caches: not a kernel)
+    assert [c for c in compiles if c.get_target_file_path().endswith(".so")] == []

@@ -108,9 +108,11 @@ def _build_and_check(backend: Backend, kernel: Graph, device: str) -> _Checked:
     return _Checked("ok", "", result.rel_norm, built.launches, built, variants)
 
 
-def _worker(target: str, kernel: Graph, device: str, backend_name: str, policy: str) -> _Checked:
+def _worker(target: str, kernel: Graph, device: str, backend_name: str, policy: str, threads: int) -> _Checked:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    torch.set_num_threads(1)
+    # the parent's thread count, not one: Inductor writes it into a CPU kernel's parallel loops, so a kernel
+    # built here for one thread is not the one the parent times, which it would compile again (0.5-3 s each)
+    torch.set_num_threads(threads)
     backend = next(b for b in backends_for(target) if b.name == backend_name)
     with precision.use(policy):  # a spawned process starts from the defaults
         checked = _build_and_check(backend, kernel, device)
@@ -238,8 +240,8 @@ class KernelMeasurer:
             return [_build_and_check(b, kernels[s], self.device) for s, b in todo]
         if self._pool is None:
             self._pool = workers.pool(self.jobs)
-        futures = [self._pool.submit(_worker, self.target, kernels[s], self.device, b.name, precision.current().name)
-                   for s, b in todo]
+        futures = [self._pool.submit(_worker, self.target, kernels[s], self.device, b.name, precision.current().name,
+                                     torch.get_num_threads()) for s, b in todo]
         results, died = [], False
         for future in futures:
             try:

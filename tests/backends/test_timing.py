@@ -217,3 +217,29 @@ def test_take_turns_interleaves_and_drops_a_failing_name():
     assert results == {"a": [0, 1, 2]} and errors == [("b", "gone")]
     with pytest.raises(RuntimeError, match="gone"):
         take_turns(["b"], lambda name, round_: time_one("b", 1), 1)
+
+
+def test_random_arena_hands_out_aligned_views_that_never_overlap_until_reset():
+    from korch.backends.check import RandomArena
+    from korch.ir.graph import Graph, Tensor
+
+    kernel = Graph(name="k")
+    for name, shape, dtype in (("a", (3, 5), "float32"), ("i", (7,), "int64"), ("m", (4, 4), "bool"),
+                               ("s", (), "float32")):
+        kernel.add_tensor(Tensor(name=name, shape=shape, dtype=dtype))
+    kernel.inputs = ["a", "i", "m", "s"]
+    arena = RandomArena()
+    sets = [arena.inputs(kernel) for _ in range(3)]
+    big = arena.inputs(Graph(name="big", tensors={"x": Tensor(name="x", shape=(1 << 17,), dtype="float32")},
+                             inputs=["x"]))[0]  # grows the float pool past its first size
+    views = [x for inputs in sets for x in inputs] + [big]
+    for inputs in sets:
+        assert [tuple(x.shape) for x in inputs] == [(3, 5), (7,), (4, 4), ()]
+        assert [x.dtype for x in inputs] == [torch.float32, torch.int64, torch.bool, torch.float32]
+        assert all(x.data_ptr() % RandomArena.ALIGN_BYTES == 0 for x in inputs)
+        assert inputs[1].min() >= 0 and inputs[1].max() < 8 and inputs[0].std() > 0.1
+    spans = sorted((x.data_ptr(), x.data_ptr() + x.numel() * x.element_size()) for x in views)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    assert not torch.equal(sets[0][0], sets[1][0])  # different memory, different values
+    arena.reset()
+    assert arena.inputs(kernel)[1].data_ptr() == sets[0][1].data_ptr()  # reused from the start

@@ -41,7 +41,7 @@ import torch
 from korch import precision, workers
 from korch.backends.base import Backend
 from korch.errors import one_line
-from korch.backends.check import check, checked_variants, random_inputs
+from korch.backends.check import RandomArena, check, checked_variants, random_inputs
 from korch.backends.db import ProfileDB, Record
 from korch.backends.registry import backends_for, device_for
 from korch.backends.timing import rotation_sets, time_kernel
@@ -138,6 +138,7 @@ class KernelMeasurer:
         self.stats = MeasureStats()
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._calling_s: dict[str, float] = {}  # backend -> its calling cost (see the module docstring)
+        self._arena = RandomArena(self.device)  # the timing inputs
 
     # -- the oracle ---------------------------------------------------------------------
 
@@ -281,8 +282,8 @@ class KernelMeasurer:
         """(median seconds, chosen launch variant among the checked ``variants``, launches); a kernel built by a
         worker is rebuilt here from the compilers' on-disk caches."""
         nbytes = sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs))
-        sets = rotation_sets(lambda i: [x.to(self.device) for x in random_inputs(kernel, seed=i)], nbytes,
-                             device=self.device)
+        self._arena.reset()
+        sets = rotation_sets(lambda i: self._arena.inputs(kernel), nbytes, device=self.device)
         variant = None
         if _tunes(built, self.device):  # Triton: keep the fastest launch variant
             built.tune(lambda call: time_kernel(lambda i: call(), device=self.device).median_s, sets[0], variants)

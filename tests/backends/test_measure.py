@@ -166,10 +166,12 @@ def test_db_check_compares_every_measured_kernel_with_its_floor(tmp_path, capsys
 
 def test_a_build_worker_compiles_the_kernel_the_parent_times(monkeypatch):
     """A worker writes the kernel for the parent's thread count (Inductor bakes it into the parallel loops), so
-    the parent's rebuild before timing finds it compiled: it compiles nothing, and times what was checked."""
+    the parent's rebuild before timing finds it compiled: it compiles nothing, and times what was checked; the
+    worker's compiled graph is in Inductor's FX graph cache, so the parent does not even lower it again."""
     import random
 
     import torch
+    from torch._dynamo.utils import counters
     from torch._inductor import cpp_builder
 
     from korch import precision, workers
@@ -187,13 +189,15 @@ def test_a_build_worker_compiles_the_kernel_the_parent_times(monkeypatch):
     torch.set_num_threads(2)  # not the worker's default of one
     try:
         with workers.pool(1) as pool:
-            checked = pool.submit(measure._worker, "cpu", kernel, "cpu", "inductor", precision.current().name,
-                                  torch.get_num_threads()).result()
+            checked, = pool.submit(measure._worker, "cpu", [(kernel, "inductor")], "cpu", precision.current().name,
+                                   torch.get_num_threads()).result()
         assert checked.status == "ok", checked.message
         compiles = []
         build = cpp_builder.CppBuilder.build
         monkeypatch.setattr(cpp_builder.CppBuilder, "build", lambda self: compiles.append(self) or build(self))
+        hits = counters["inductor"]["fxgraph_cache_hit"]
         registry.InductorBackend().build(kernel, "cpu")
+        assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1  # not even lowered again
     finally:
         torch.set_num_threads(threads)
     # (a process's first build also preprocesses Inductor's header, to key its caches: not a kernel)

@@ -85,3 +85,34 @@ def test_a_worker_that_dies_fails_its_kernel_and_the_next_batch_gets_a_fresh_poo
     Record(signature="s1", device="cpu", backend="triton", backend_version="1", status=results[0].status,
            message=results[0].message)
     assert DeadPool.shut and measurer._pool is None
+
+
+def test_cpu_kernels_are_built_in_chunks_and_a_dead_chunk_is_built_again_kernel_by_kernel(monkeypatch):
+    from korch import workers
+
+    submitted = []
+
+    class DeadPool:
+        def submit(self, fn, target, jobs, *args):
+            submitted.append(len(jobs))
+            future = concurrent.futures.Future()
+            future.set_exception(BrokenProcessPool("a child process terminated abruptly"))
+            return future
+
+        def shutdown(self, cancel_futures=False):
+            pass
+
+    monkeypatch.setattr(workers, "pool", lambda jobs: DeadPool())
+    measurer = KernelMeasurer.__new__(KernelMeasurer)
+    measurer.device, measurer.jobs, measurer.target, measurer._pool = "cpu", 2, "cpu", None
+    graph = kernel([helper.make_node("Relu", ["x"], ["y"])], {"x": (4,)}, {"y": (4,)})
+
+    class Backend:
+        name = "inductor"
+
+    todo = [(s, Backend()) for s in ("s1", "s2", "s3")]
+    results = measurer._checked_builds(todo, {s: graph for s, _ in todo})
+    # two chunks for two workers; the one of two kernels died: its kernels are built again, each alone
+    assert submitted == [2, 1, 1, 1]
+    assert [r.status for r in results] == ["build_failed"] * 3
+    assert all(r.message.startswith("worker died") for r in results)

@@ -10,9 +10,11 @@ The candidate's latency is its fastest correct kernel's; a candidate no
 backend builds correctly costs ``inf`` (the solver never picks it) and each
 failure is kept, with its reason, for the report.
 
-Builds and checks run in parallel worker processes (``jobs``); they fill the
-compilers' on-disk caches, so the main process rebuilds from cache and times
-kernels one at a time (timings taken in parallel would disturb each other).
+Builds and checks run in parallel worker processes (``jobs``), in chunks of
+kernels whose C++ compiles in one compiler run (``cpp_batch.py``); they fill
+the compilers' on-disk caches, so the main process rebuilds from cache and
+times kernels one at a time (timings taken in parallel would disturb each
+other).
 
 A kernel is timed through its Python call (a compiled Inductor function, a
 torch operator), a path the executable does not take: a CPU executable is one
@@ -39,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from korch import precision, workers
+from korch.backends import cpp_batch
 from korch.backends.base import Backend
 from korch.errors import one_line
 from korch.backends.check import RandomArena, check, checked_variants, random_inputs
@@ -52,6 +55,7 @@ from korch.ir.subgraph import extract
 
 
 MESSAGE_CHARS = 300  # a failure's reason as kept in the database and the report
+BUILD_CHUNK = 16  # kernels a CPU build worker builds together (their C++ in one compiler run, cpp_batch.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,11 +97,15 @@ class _Checked:
     variants: tuple[int, ...] = ()  # the launch variants that check (Triton kernels), the only ones timed
 
 
-def _build_and_check(backend: Backend, kernel: Graph, device: str) -> _Checked:
+def _build(backend: Backend, kernel: Graph, device: str) -> tuple[object, _Checked | None]:
+    """(the built kernel, None), or (None, why it failed)."""
     try:
-        built = backend.build(kernel, device)
+        return backend.build(kernel, device), None
     except Exception as exc:
-        return _Checked("build_failed", one_line(exc, MESSAGE_CHARS))
+        return None, _Checked("build_failed", one_line(exc, MESSAGE_CHARS))
+
+
+def _check_built(built, kernel: Graph, device: str) -> _Checked:
     try:
         result = check(built, kernel, device=device)
     except Exception as exc:
@@ -108,16 +116,33 @@ def _build_and_check(backend: Backend, kernel: Graph, device: str) -> _Checked:
     return _Checked("ok", "", result.rel_norm, built.launches, built, variants)
 
 
-def _worker(target: str, kernel: Graph, device: str, backend_name: str, policy: str, threads: int) -> _Checked:
+def _build_and_check(backend: Backend, kernel: Graph, device: str) -> _Checked:
+    built, failed = _build(backend, kernel, device)
+    return failed or _check_built(built, kernel, device)
+
+
+def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy: str, threads: int) -> list[_Checked]:
+    """Build and check ``jobs`` (kernel, backend name) in a build worker: every kernel is built before any is
+    checked, so that the C++ of Inductor's kernels compiles in one compiler run (``cpp_batch``)."""
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     # the parent's thread count, not one: Inductor writes it into a CPU kernel's parallel loops, so a kernel
     # built here for one thread is not the one the parent times, which it would compile again (0.5-3 s each)
     torch.set_num_threads(threads)
-    backend = next(b for b in backends_for(target) if b.name == backend_name)
+    backends = {b.name: b for b in backends_for(target)}
     with precision.use(policy):  # a spawned process starts from the defaults
-        checked = _build_and_check(backend, kernel, device)
-    checked.built = None  # kernels do not cross processes; the main process rebuilds from the caches
+        with cpp_batch.deferred_compiles() as batch:
+            builds = [_build(backends[name], kernel, device) for kernel, name in jobs]
+        batch.compile()
+        checked = [failed or _check_built(built, kernel, device) for (built, failed), (kernel, _) in zip(builds, jobs)]
+    for result in checked:
+        result.built = None  # kernels do not cross processes; the main process rebuilds from the caches
     return checked
+
+
+def _chunks(count: int, jobs: int, size: int) -> list[list[int]]:
+    """``range(count)`` dealt round-robin into at least ``jobs`` chunks of at most ``size`` (none empty)."""
+    n = min(count, max(jobs, -(-count // size)))
+    return [list(range(k, count, n)) for k in range(n)]
 
 
 class KernelMeasurer:
@@ -234,24 +259,33 @@ class KernelMeasurer:
             self.stats.failures += [Failure(s, _ops(kernels[s]), r.backend, r.status, r.message)
                                     for r in found[s] if not r.ok]
 
-    def _checked_builds(self, todo, kernels) -> list[_Checked]:
-        # on a GPU every kernel is built and checked in a worker: a variant that faults (an illegal address)
-        # poisons its process's CUDA context, which must not be this one
+    def _checked_builds(self, todo, kernels, chunk: int = BUILD_CHUNK) -> list[_Checked]:
+        # on a GPU every kernel is built and checked in a worker, alone: a variant that faults (an illegal
+        # address) poisons its process's CUDA context, which must not be this one
         if self.device == "cpu" and (self.jobs == 1 or len(todo) < 2):
             return [_build_and_check(b, kernels[s], self.device) for s, b in todo]
         if self._pool is None:
             self._pool = workers.pool(self.jobs)
-        futures = [self._pool.submit(_worker, self.target, kernels[s], self.device, b.name, precision.current().name,
-                                     torch.get_num_threads()) for s, b in todo]
-        results, died = [], False
-        for future in futures:
+        chunks = _chunks(len(todo), self.jobs, chunk if self.device == "cpu" else 1)
+        futures = [self._pool.submit(_worker, self.target, [(kernels[todo[i][0]], todo[i][1].name) for i in c],
+                                     self.device, precision.current().name, torch.get_num_threads()) for c in chunks]
+        results: list[_Checked | None] = [None] * len(todo)
+        alone, died = [], False
+        for indices, future in zip(chunks, futures):
             try:
-                results.append(future.result())
-            except Exception as exc:  # the worker died (a faulting kernel): a failed build of this kernel, not the run
+                for i, checked in zip(indices, future.result()):
+                    results[i] = checked
+            except Exception as exc:  # the worker died (a faulting kernel): a failed build of it, not the run
                 died = True
-                results.append(_Checked("build_failed", "worker died: " + one_line(exc, MESSAGE_CHARS)))
+                if len(indices) > 1:
+                    alone += indices  # which kernel killed it is not known: each is built again alone
+                else:
+                    results[indices[0]] = _Checked("build_failed", "worker died: " + one_line(exc, MESSAGE_CHARS))
         if died:
             self.close()  # a broken pool takes no more work: the next batch starts a fresh one
+        if alone:
+            for i, checked in zip(alone, self._checked_builds([todo[i] for i in alone], kernels, chunk=1)):
+                results[i] = checked
         return results
 
     def _measure(self, todo: list[tuple[str, Backend]], kernels: Mapping[str, Graph]) -> list[Record]:

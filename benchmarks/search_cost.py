@@ -12,7 +12,6 @@ takes its counts and seconds from the plan's ``stats.measurement`` (``korch/orch
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -77,16 +76,10 @@ def main(argv=None) -> int:
         rows.append(row(model, outdir, wall))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     print(table(rows))
-    if args.out:
-        import torch
+    from korch import bench
 
-        from korch.cost.probe import cpu_model
-
-        record = {"date": datetime.date.today().isoformat(), "machine": cpu_model(),
-                  "cores": os.cpu_count(), "torch": torch.__version__, "target": args.target,
-                  "command": " ".join(["python", "benchmarks/search_cost.py", *(argv or sys.argv[1:])]),
-                  "rows": rows}
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    bench.write_record(bench.record("measured search cost", "benchmarks/search_cost.py", argv, target=args.target,
+                                    rows=rows), args.out)
     return 0
 
 

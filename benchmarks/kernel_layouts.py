@@ -1,0 +1,74 @@
+"""A measured plan's costliest Inductor kernels timed on NCHW tensors (as korch measures them) and on channels-last
+ones (as a compiled unit stores the values convolutions read between kernels): what layout is worth per kernel.
+
+    python benchmarks/kernel_layouts.py OUTDIR --top 5 --out benchmarks/results/kernel_layouts_cpu.json
+
+OUTDIR is written by ``korch optimize --cost measured``. Each kernel is compiled by Inductor twice, from the
+same primitives, with every 4-D input and output in one layout or the other; the latency is the median of
+``korch.backends.timing.time_kernel``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+
+def time_in_layout(kernel, channels_last: bool) -> float:
+    from torch._inductor.compile_fx import compile_fx
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from korch.backends.check import random_inputs
+    from korch.backends.inductor import _cacheable, _writing_outputs
+    from korch.backends.timing import time_kernel
+    from korch.backends.torch_ops import kernel_function
+    from korch.ir import dtypes
+
+    def laid_out(t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
+
+    inputs = [laid_out(x) for x in random_inputs(kernel)]
+    outputs = [laid_out(torch.empty(kernel.tensors[n].shape, dtype=dtypes.torch_dtype(kernel.tensors[n].dtype)))
+               for n in kernel.outputs]
+    graph_module = make_fx(_writing_outputs(kernel_function(kernel, "cpu"), len(inputs)))(*inputs, *outputs)
+    with _cacheable([*inputs, *outputs]) as fakes:
+        fn = compile_fx(graph_module, fakes)
+    return time_kernel(lambda i: fn(*inputs, *outputs), device="cpu").median_s
+
+
+def main(argv=None) -> int:
+    from korch import bench
+    from korch.ir.subgraph import extract
+    from korch.pipeline import load_model
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    plan = json.loads((args.outdir / "plan.json").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, graph, _ = load_model(args.outdir / "reference.onnx")
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    kernels = [k for k in plan["kernels"] if k["backend"] == "inductor"]
+    rows = []
+    for k in sorted(kernels, key=lambda k: -k["cost_s"])[:args.top]:
+        kernel = extract(graph, frozenset(index[n] for n in k["nodes"]), k["inputs"], k["outputs"], name=k["name"])
+        nchw, last = time_in_layout(kernel, False), time_in_layout(kernel, True)
+        rows.append({"kernel": k["name"], "ops": k["ops"], "planned_ms": round(k["cost_s"] * 1e3, 3),
+                     "nchw_ms": round(nchw * 1e3, 3), "channels_last_ms": round(last * 1e3, 3),
+                     "speedup": round(nchw / last, 2)})
+        print(json.dumps(rows[-1]), flush=True)
+    bench.write_record(bench.record("kernel layouts", "benchmarks/kernel_layouts.py", argv, model=plan["model"],
+                                    rows=rows), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -266,9 +266,11 @@ class KernelMeasurer:
             return [_build_and_check(b, kernels[s], self.device) for s, b in todo]
         if self._pool is None:
             self._pool = workers.pool(self.jobs)
-        chunks = _chunks(len(todo), self.jobs, chunk if self.device == "cpu" else 1)
+        cpu = self.device == "cpu"
+        chunks = _chunks(len(todo), self.jobs, chunk if cpu else 1)
+        threads = torch.get_num_threads() if cpu else 1  # a GPU kernel's code does not depend on it
         futures = [self._pool.submit(_worker, self.target, [(kernels[todo[i][0]], todo[i][1].name) for i in c],
-                                     self.device, precision.current().name, torch.get_num_threads()) for c in chunks]
+                                     self.device, precision.current().name, threads) for c in chunks]
         results: list[_Checked | None] = [None] * len(todo)
         alone, died = [], False
         for indices, future in zip(chunks, futures):

@@ -16,29 +16,17 @@ import sys
 import warnings
 from pathlib import Path
 
-import torch
 
 
 def time_in_layout(kernel, channels_last: bool) -> float:
-    from torch._inductor.compile_fx import compile_fx
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     from korch.backends.check import random_inputs
-    from korch.backends.inductor import _cacheable, _writing_outputs
+    from korch.backends.inductor import InductorKernel, laid_out
     from korch.backends.timing import time_kernel
-    from korch.backends.torch_ops import kernel_function
-    from korch.ir import dtypes
 
-    def laid_out(t: torch.Tensor) -> torch.Tensor:
-        return t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
-
-    inputs = [laid_out(x) for x in random_inputs(kernel)]
-    outputs = [laid_out(torch.empty(kernel.tensors[n].shape, dtype=dtypes.torch_dtype(kernel.tensors[n].dtype)))
-               for n in kernel.outputs]
-    graph_module = make_fx(_writing_outputs(kernel_function(kernel, "cpu"), len(inputs)))(*inputs, *outputs)
-    with _cacheable([*inputs, *outputs]) as fakes:
-        fn = compile_fx(graph_module, fakes)
-    return time_kernel(lambda i: fn(*inputs, *outputs), device="cpu").median_s
+    built = InductorKernel(kernel, "cpu", channels_last=channels_last)
+    inputs = [laid_out(x, channels_last) for x in random_inputs(kernel)]
+    outputs = built(*inputs)
+    return time_kernel(lambda i: built(*inputs, out=outputs), device="cpu").median_s
 
 
 def main(argv=None) -> int:

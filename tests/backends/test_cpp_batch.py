@@ -1,32 +1,14 @@
 """Inductor's C++ kernels compiled together (``backends/cpp_batch.py``): the same kernels, fewer compiler runs."""
 
 import os
-import random
 
 import numpy as np
-import pytest
 import torch
 
 from korch.backends import cpp_batch
 from korch.backends.check import check
 from korch.backends.inductor import InductorKernel
-from korch.ir.graph import Graph, Node, Tensor
-from korch.ir.ops import Op
-
-
-def _fresh_kernels(count: int) -> list[Graph]:
-    """Kernels no earlier run compiled (sizes drawn at random; Inductor bakes sizes into its C++)."""
-    kernels = []
-    for size in random.sample(range(10**5, 10**6), count):
-        k = Graph(name=f"k{size}")
-        for name in ("x", "e", "y", "s"):
-            k.add_tensor(Tensor(name=name, shape=(size,) if name != "s" else (), dtype="float32"))
-        k.nodes += [Node(op=Op.EXP, inputs=("x",), outputs=("e",), name="e"),
-                    Node(op=Op.NEG, inputs=("e",), outputs=("y",), name="y"),
-                    Node(op=Op.REDUCE_SUM, inputs=("y",), outputs=("s",), name="s", attrs={"axes": (0,), "keepdims": False})]
-        k.inputs, k.outputs = ["x"], ["y", "s"]
-        kernels.append(k)
-    return kernels
+from tests.backends.kernels import fresh_kernels
 
 
 def _targets(batch) -> list[str]:
@@ -34,7 +16,7 @@ def _targets(batch) -> list[str]:
 
 
 def test_kernels_compile_in_one_run_and_compute_what_they_compute_alone():
-    kernels = _fresh_kernels(3)
+    kernels = fresh_kernels(3)
     with cpp_batch.deferred_compiles() as batch:
         built = [InductorKernel(k, "cpu") for k in kernels]
     targets = _targets(batch)
@@ -53,7 +35,7 @@ def test_kernels_compile_in_one_run_and_compute_what_they_compute_alone():
 
 
 def test_a_batch_that_fails_leaves_each_kernel_to_compile_alone(monkeypatch):
-    kernels = _fresh_kernels(2)
+    kernels = fresh_kernels(2)
     with cpp_batch.deferred_compiles() as batch:
         built = [InductorKernel(k, "cpu") for k in kernels]
     command = cpp_batch._Pending.command
@@ -67,7 +49,7 @@ def test_a_batch_that_fails_leaves_each_kernel_to_compile_alone(monkeypatch):
 
 
 def test_kernels_compiled_already_are_loaded_at_once():
-    kernel, = _fresh_kernels(1)
+    kernel, = fresh_kernels(1)
     InductorKernel(kernel, "cpu")
     with cpp_batch.deferred_compiles() as batch:
         InductorKernel(kernel, "cpu")

@@ -168,23 +168,14 @@ def test_a_build_worker_compiles_the_kernel_the_parent_times(monkeypatch):
     """A worker writes the kernel for the parent's thread count (Inductor bakes it into the parallel loops), so
     the parent's rebuild before timing finds it compiled: it compiles nothing, and times what was checked; the
     worker's compiled graph is in Inductor's FX graph cache, so the parent does not even lower it again."""
-    import random
-
     import torch
     from torch._dynamo.utils import counters
     from torch._inductor import cpp_builder
 
     from korch import precision, workers
-    from korch.ir.graph import Graph, Node, Tensor
-    from korch.ir.ops import Op
+    from tests.backends.kernels import fresh_kernels
 
-    size = random.randrange(10**5, 10**6)  # a kernel no earlier run compiled
-    kernel = Graph(name="fresh")
-    for name in ("x", "e", "y"):
-        kernel.add_tensor(Tensor(name=name, shape=(size,), dtype="float32"))
-    kernel.nodes += [Node(op=Op.EXP, inputs=("x",), outputs=("e",), name="e"),
-                     Node(op=Op.NEG, inputs=("e",), outputs=("y",), name="y")]
-    kernel.inputs, kernel.outputs = ["x"], ["y"]
+    kernel, = fresh_kernels(1)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # not the worker's default of one
     try:

@@ -23,6 +23,7 @@ it builds.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import os
@@ -49,29 +50,20 @@ class _Pending:
         # Inductor's compile_fn is functools.partial(_worker_compile_cpp, lock_path, builders); calling it later
         # builds whatever target is still missing, so it stays the fallback
         self.builders = compile_fn.args[1] if len(getattr(compile_fn, "args", ())) == 2 else None
-        return _Done()
+        done = concurrent.futures.Future()  # nothing to wait for: the batch compiles later
+        done.set_result(None)
+        return done
 
     def command(self) -> tuple[str, str, str] | None:
         """(source, target, the command with both left out), or None when this kernel cannot join a batch."""
         if not self.builders or len(self.builders) != 1:
             return None  # a kernel compiled in parts (Inductor's -O1 wrapper plus -O3 kernel) is left alone
-        builder = self.builders[0]
-        try:
-            sources, output = builder._sources_args.strip(), builder._output.strip()
-            command = builder.get_command_line()
-        except AttributeError:  # another torch's builder
-            return None
-        target = builder.get_target_file_path()
+        builder = self.builders[0]  # its private fields may differ in another torch: CompileBatch.compile catches
+        sources, output = builder._sources_args.strip(), builder._output.strip()
+        command, target = builder.get_command_line(), builder.get_target_file_path()
         if " " in sources or not output.endswith(target) or command.count(sources) != 1:
             return None
         return sources, target, command.replace(sources, _SOURCE).replace(output, f"-o {_TARGET}")
-
-
-class _Done:
-    """What ``_Pending.capture`` hands Inductor for a future: nothing to wait for (the batch compiles later)."""
-
-    def result(self):
-        return None
 
 
 class _Deferred:
@@ -100,7 +92,7 @@ class CompileBatch:
         for pending in self.pending:
             try:
                 command = pending.command()
-            except Exception:  # noqa: BLE001 - a builder this cannot read: the kernel compiles alone
+            except Exception:  # noqa: BLE001 - a builder this cannot read (another torch's): it compiles alone
                 command = None
             if command is not None and not os.path.exists(command[1]):
                 groups.setdefault(command[2], []).append(command[:2])
@@ -118,11 +110,11 @@ class CompileBatch:
 def _compile_together(command: str, kernels: list[tuple[str, str]]) -> None:
     sources = [Path(source).read_text() for source, _ in kernels]
     tag = hashlib.sha256("\0".join([command, *sources]).encode()).hexdigest()[:16]
-    includes, bodies = [], []
+    includes, bodies = {}, []  # includes in order of first appearance, once each
     for i, source in enumerate(sources):
         name = f"{tag}_{i}"
         lines = source.splitlines()
-        includes += [line.strip() for line in lines if _HOISTED.match(line) and line.strip() not in includes]
+        includes.update(dict.fromkeys(line.strip() for line in lines if _HOISTED.match(line)))
         body = "\n".join(line for line in lines if not _HOISTED.match(line))
         body = _ENTRY.sub(f"kernel_{name}", _INIT.sub(f"PyInit_kernel_{name}", body))
         bodies.append(f"namespace korch_batch_{name} {{\n{body}\n}}\n")

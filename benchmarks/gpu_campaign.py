@@ -1,9 +1,11 @@
 """The GPU campaign: everything a lent GPU's session must measure, in phases that each fit one device command.
 
-A lent H100/H200 comes with 30 minutes of device time and 10 minutes per command, so
+A lent H100/H200 comes with 15 minutes of device time and 10 minutes per command, so
 the work is cut in phases, each run by one call, each writing its results as it
 goes (a command killed at its limit still returns what it finished):
 
+* ``facts``: the device's measured ceilings (``device_facts.py``: copy bandwidth, matrix
+  rates, one kernel's time launched and in a replayed CUDA graph);
 * ``smoke``: the environment (GPU, versions) and ``pytest -m gpu`` (every kernel
   class on CUDA, each launch variant, a zoo executable replayed from its CUDA graph);
 * ``small``: the small zoo models, ``korch optimize`` (roofline costs) and
@@ -12,11 +14,12 @@ goes (a command killed at its limit still returns what it finished):
   compiles for minutes per model);
 * ``large``: the large zoo models and the ``transformers`` architectures, fp32;
 * ``measured``: a measured search (kernels built, checked and timed), with what
-  fraction of the candidates it measured and how long it took.
+  fraction of the candidates it measured, how long it took, and the kernels it
+  measured below their floors (``korch db check``).
 
 Each phase stops starting models once less than ``--reserve`` seconds remain
 before ``--deadline`` (seconds from the start): it records them as skipped.
-Results: at most six files under ``--out`` (``campaign.json`` and one per
+Results: at most seven files under ``--out`` (``campaign.json`` and one per
 phase), within the device's limit of 8 files returned. Models are exported where the campaign runs (the GPU machine's
 torch is its own); ``highspy`` must be importable there (``docs/gpu.md``: carried
 as a wheel).
@@ -39,12 +42,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("smoke", "small", "tf32", "large", "measured")
+PHASES = ("facts", "smoke", "small", "tf32", "large", "measured")
 SMALL = ("bert_layer", "vit_block", "candy", "yolox_nano", "segformer_b0")
 LARGE = ("efficientvit", "yolov4", "hf_bert", "hf_gpt2", "hf_llama", "hf_vit", "hf_whisper_encoder")
 MEASURED = ("bert_layer", "candy")
@@ -72,6 +76,7 @@ class Setting:
     budget_s: float
     smoke_tests: list[str]                    # pytest arguments
     measured_time_limit_s: float | None
+    smoke_workers: int                        # pytest-xdist processes (0: none): Triton compiles on every core
     db: Path                                  # the measured phase's profile database (not a result: not in --out)
 
 
@@ -85,7 +90,7 @@ def gpu_setting() -> Setting:
                    precisions={"small": ("fp32",), "tf32": ("tf32",), "large": ("fp32",), "measured": ("fp32",)},
                    peers={"small": GPU_PEERS, "tf32": fast_peers, "large": GPU_PEERS, "measured": fast_peers},
                    budget_s=2.0, smoke_tests=["-m", "gpu", "tests/gpu", "tests/test_gpu_marker.py"],
-                   measured_time_limit_s=None,
+                   measured_time_limit_s=None, smoke_workers=min(8, os.cpu_count() or 1),
                    db=Path(tempfile.gettempdir()) / "korch-campaign-profile.sqlite")  # kept while the machine is
 
 
@@ -95,6 +100,7 @@ def dry_setting(workdir: Path) -> Setting:
                    precisions={phase: ("fp32",) for phase in PHASES[1:]},  # a CPU computes float32 exactly
                    peers={phase: CPU_PEERS for phase in PHASES[1:]}, budget_s=0.05,
                    smoke_tests=["-m", "gpu", "tests/gpu", "tests/test_gpu_marker.py"], measured_time_limit_s=60,
+                   smoke_workers=0,
                    db=workdir / "profile.sqlite")
 
 
@@ -120,8 +126,10 @@ def _tiny_model(workdir: Path) -> Path:
 
 
 class Campaign:
-    def __init__(self, out: Path, setting: Setting, deadline_s: float, reserve_s: float, jobs: int | None):
+    def __init__(self, out: Path, setting: Setting, deadline_s: float, reserve_s: float, jobs: int | None,
+                 smoke_limit_s: float | None = None, peers: list[str] | None = None):
         self.out, self.setting, self.reserve_s, self.jobs = out, setting, reserve_s, jobs
+        self.smoke_limit_s, self.peers = smoke_limit_s, peers
         self.started = time.monotonic()
         self.deadline = self.started + deadline_s
         out.mkdir(parents=True, exist_ok=True)
@@ -142,20 +150,32 @@ class Campaign:
                 "versions": bundle.versions(), "phases": phases,
                 "command": " ".join(["python", "benchmarks/gpu_campaign.py", *sys.argv[1:]])}
 
+    def facts(self) -> dict:
+        from device_facts import measure  # beside this script
+
+        result = measure()
+        self.write("facts", result)
+        return result
+
     def smoke(self) -> dict:
         # korch from source and its tests, before what the caller's path holds (a carried wheel's directory)
         path = os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": path}
-        command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *self.setting.smoke_tests]
+        workers = ["-n", str(self.setting.smoke_workers)] if self.setting.smoke_workers else []
+        command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *workers,
+                   *self.setting.smoke_tests]
+        limit = max(self.left_s() - self.reserve_s, 30)
         start = time.perf_counter()
         try:
             done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                                  timeout=max(self.left_s() - self.reserve_s, 30))
-            status, output = done.returncode, done.stdout + done.stderr
+                                  timeout=min(limit, self.smoke_limit_s or limit))
+            status, output, errors = done.returncode, done.stdout, done.stderr
         except subprocess.TimeoutExpired as exc:
-            status, output = "timed out", (exc.stdout or b"").decode(errors="replace") if exc.stdout else ""
+            status, output, errors = "timed out", _text(exc.stdout), _text(exc.stderr)
+        # pytest's summary is stdout's last line; stderr (plugins' warnings) comes after it in the record
         result = {"command": " ".join(command[1:]), "exit": status, "seconds": time.perf_counter() - start,
-                  "summary": output.strip().splitlines()[-1] if output.strip() else "", "tail": output[-4000:]}
+                  "summary": output.strip().splitlines()[-1] if output.strip() else "", "tail": output[-6000:],
+                  "stderr_tail": errors[-2000:]}
         self.write("smoke", result)
         return result
 
@@ -172,17 +192,34 @@ class Campaign:
                 else:
                     print(f"{phase}: {model.name} ({precision}, {cost}) ...", flush=True)
                     try:
-                        row.update(run_model(model.ref, self.setting.target, cost, str(self.setting.db), self.setting.peers[phase],
+                        row.update(run_model(model.ref, self.setting.target, cost, str(self.setting.db),
+                                             self.peers or self.setting.peers[phase],
                                              self.setting.budget_s, self.jobs, precision, model.torch_model,
                                              self.setting.measured_time_limit_s if cost == "measured" else None))
+                        if cost == "measured":
+                            row["below_floor"] = _below_floor(model.ref, self.setting)
                     except Exception as exc:  # a model that fails is recorded and the phase goes on
                         from korch.errors import one_line
 
                         row["error"] = one_line(exc)
+                        row["traceback"] = traceback.format_exc()[-3000:]
                 rows.append(row)
                 self.write(phase, rows)
                 print(f"  {_summary(row)}", flush=True)
         return rows
+
+
+def _below_floor(ref: str, setting: Setting) -> list[dict]:
+    """``korch db check`` over the measured phase's database: each kernel measured faster than its floor (the
+    worst 40), so the floor model can be corrected from the returned files (the database stays on the machine)."""
+    from korch.dbcheck import check_floors
+
+    found = check_floors(ref, target=setting.target, db=setting.db)
+    return [dataclasses.asdict(b) for b in found.below[:40]]
+
+
+def _text(captured) -> str:
+    return captured.decode(errors="replace") if isinstance(captured, bytes) else (captured or "")
 
 
 def _summary(row: dict) -> str:
@@ -200,6 +237,9 @@ def main(argv=None) -> int:
     parser.add_argument("--deadline", type=float, default=540, help="seconds from the start to stop starting work")
     parser.add_argument("--reserve", type=float, default=90, help="seconds a model may need; none starts with less left")
     parser.add_argument("--jobs", type=int, help="kernel-building processes (default: korch's)")
+    parser.add_argument("--smoke-limit", type=float, help="seconds the smoke phase's tests may take at most")
+    parser.add_argument("--models", help="comma-separated zoo names for every model phase instead of each phase's own")
+    parser.add_argument("--peers", help="comma-separated peers for every model phase instead of each phase's own")
     parser.add_argument("--dry-run", action="store_true", help="every phase on this CPU, a tiny model, minutes")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
@@ -213,14 +253,22 @@ def main(argv=None) -> int:
         parser.error("highspy is not importable: carry its wheel (docs/gpu.md)")
     with tempfile.TemporaryDirectory(prefix="korch-campaign-") as workdir:
         setting = dry_setting(Path(workdir)) if args.dry_run else gpu_setting()
+        if args.models:
+            chosen = tuple(Model(f"zoo:{name}") for name in args.models.split(","))
+            setting = dataclasses.replace(setting, models={phase: chosen for phase in setting.models})
         if not args.dry_run and setting.target == "cpu":
             parser.error("no GPU here: use --dry-run on a CPU")
-        campaign = Campaign(args.out, setting, args.deadline, 0 if args.dry_run else args.reserve, args.jobs)
+        campaign = Campaign(args.out, setting, args.deadline, 0 if args.dry_run else args.reserve, args.jobs,
+                            args.smoke_limit, args.peers.split(",") if args.peers else None)
         record = campaign.environment(phases, args.dry_run)
         campaign.write("campaign", record)
         for phase in phases:
             started = time.perf_counter()
-            if phase == "smoke":
+            if phase == "facts":
+                facts = campaign.facts()
+                outcome = (f"copy {facts['copy_bandwidth_Bps'] / 1e9:.0f} GB/s, matmul "
+                           + ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in facts["matmul_flops"].items()))
+            elif phase == "smoke":
                 outcome = campaign.smoke()["summary"]
             else:
                 rows = campaign.models(phase, "measured" if phase == "measured" else "roofline")

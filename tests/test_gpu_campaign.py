@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = {"campaign.json", "smoke.json", "small.json", "tf32.json", "large.json", "measured.json"}
+FILES = {"facts.json", "campaign.json", "smoke.json", "small.json", "tf32.json", "large.json", "measured.json"}
 
 
 def campaign(out, *args):
@@ -31,7 +31,7 @@ def test_the_dry_run_writes_every_file_a_gpu_run_writes(dry_run):
     assert {p.name for p in dry_run.iterdir()} == FILES  # within the device's 8 files
     record = json.loads((dry_run / "campaign.json").read_text())
     assert record["dry_run"] is True and record["target"] == "cpu" and "torch" in record["versions"]
-    assert set(record["phase_results"]) == {"smoke", "small", "tf32", "large", "measured"}
+    assert set(record["phase_results"]) == {"facts", "smoke", "small", "tf32", "large", "measured"}
 
 
 def test_the_smoke_phase_ran_the_gpu_tests_which_skip_here(dry_run):
@@ -48,7 +48,7 @@ def test_each_model_phase_optimized_checked_and_benched(dry_run, phase):
         assert {p["name"] for p in row["peers"]} == {"eager", "compile", "ort"}
         assert row["cost"] == ("measured" if phase == "measured" else "roofline")
     if phase == "measured":
-        assert rows[0]["measurement"]["candidates"] > 0
+        assert rows[0]["measurement"]["candidates"] > 0 and isinstance(rows[0]["below_floor"], list)
 
 
 def test_past_its_deadline_a_phase_starts_nothing(tmp_path):

@@ -114,6 +114,17 @@ def test_eager_run(name, eager):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_forward_follows_its_inputs_device(name):
+    """A tensor the forward makes itself lands on its inputs' device: the GPU peers run these modules on CUDA
+    (YOLOX's decode grid once came from ``torch.arange`` on the CPU and failed there). The meta device stands in
+    for CUDA: it computes nothing and refuses to mix with CPU tensors as CUDA does."""
+    model, inputs = build(name)
+    with torch.no_grad():
+        outputs = _as_tuple(model.to("meta")(*(t.to("meta") for t in inputs)))
+    assert all(o.device.type == "meta" for o in outputs)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_onnx_export_matches_eager(name, eager, exported):
     _, inputs, outputs = eager(name)
     path = exported(name)

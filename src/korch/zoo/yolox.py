@@ -179,9 +179,9 @@ class YOLOXHead(nn.Module):
         for level, x, stride in zip(self.levels, features, STRIDES):
             out = level(x)
             h, w = out.shape[-2:]
-            yv, xv = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+            yv, xv = torch.meshgrid(torch.arange(h, device=out.device), torch.arange(w, device=out.device), indexing="ij")
             grids.append(torch.stack([xv, yv], dim=2).reshape(1, -1, 2))
-            strides.append(torch.full((1, h * w, 1), stride))
+            strides.append(torch.full((1, h * w, 1), stride, device=out.device))
             outputs.append(out.flatten(start_dim=2))
         out = torch.cat(outputs, dim=2).permute(0, 2, 1)
         grid = torch.cat(grids, dim=1).to(out.dtype)

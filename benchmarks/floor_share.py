@@ -74,7 +74,7 @@ def certificate(graph, cset, segments, truth: dict[int, float], bounds, slack: f
 
     needed: set[str] = set()
     for segment in segments:
-        problem, ids = segment_problem(graph, cset, segment, bounds)
+        problem, ids, _ = segment_problem(graph, cset, segment, bounds)
         true = [truth[i] for i in ids]
         floor = [min(bounds[i], truth[i]) for i in ids]
         signature = [cset.candidates[i].signature for i in ids]
@@ -122,14 +122,14 @@ def replay(model: str, db: str | None, floor_models: list[str], slacks: list[flo
     finally:
         measurer.close()
     latency = {c.signature: truth[c.id] for c in cset.candidates}
-    full, _ = solve_segments(graph, cset, segments, [truth[c.id] for c in cset.candidates], None)
+    full, _, _ = solve_segments(graph, cset, segments, [truth[c.id] for c in cset.candidates], None)
     row = {"model": model, "candidates": len(cset.candidates), "signatures": len(latency),
            "measure_everything_s": round(time.perf_counter() - started, 1),
            "optimum_ms": sum(k.cost_s for k in full) * 1e3, "floor_models": {}}
     for name in floor_models:
         bounds = floors(name, graph, cset.candidates, device, latency)
         oracle = _Replay(cset.candidates, latency, bounds)
-        kernels, _ = solve_segments(graph, cset, segments, bounds, None, measurer=oracle)
+        kernels, _, _ = solve_segments(graph, cset, segments, bounds, None, measurer=oracle)
         ratios = sorted(truth[c.id] / b for c, b in zip(cset.candidates, bounds)
                         if b > 0 and math.isfinite(truth[c.id]))
         entry = {"lazy_asked": len(oracle.asked), "lazy_share": len(oracle.asked) / len(latency),

@@ -4,7 +4,7 @@ ones (as a compiled unit stores the values convolutions read between kernels): w
     python benchmarks/kernel_layouts.py OUTDIR --top 5 --out benchmarks/results/kernel_layouts_cpu.json
 
 OUTDIR is written by ``korch optimize --cost measured``. Each kernel is compiled by Inductor twice, from the
-same primitives, with every 4-D input and output in one layout or the other; the latency is the median of
+same primitives, with every 4-D floating-point input and output in one layout or the other; the latency is the median of
 ``korch.backends.timing.time_kernel``.
 """
 
@@ -18,19 +18,21 @@ from pathlib import Path
 
 
 
-def time_in_layout(kernel, channels_last: bool) -> float:
+def time_in_layout(kernel) -> float:
+    from korch.backends.base import stored_as
     from korch.backends.check import random_inputs
-    from korch.backends.inductor import InductorKernel, laid_out
+    from korch.backends.inductor import InductorKernel
     from korch.backends.timing import time_kernel
 
-    built = InductorKernel(kernel, "cpu", channels_last=channels_last)
-    inputs = [laid_out(x, channels_last) for x in random_inputs(kernel)]
+    built = InductorKernel(kernel, "cpu")
+    inputs = [stored_as(x, kernel.tensors[name].layout) for x, name in zip(random_inputs(kernel), kernel.inputs)]
     outputs = built(*inputs)
     return time_kernel(lambda i: built(*inputs, out=outputs), device="cpu").median_s
 
 
 def main(argv=None) -> int:
     from korch import bench
+    from korch.ir.graph import CHANNELS_LAST
     from korch.ir.subgraph import extract
     from korch.pipeline import load_model
 
@@ -47,8 +49,9 @@ def main(argv=None) -> int:
     kernels = [k for k in plan["kernels"] if k["backend"] == "inductor"]
     rows = []
     for k in sorted(kernels, key=lambda k: -k["cost_s"])[:args.top]:
-        kernel = extract(graph, frozenset(index[n] for n in k["nodes"]), k["inputs"], k["outputs"], name=k["name"])
-        nchw, last = time_in_layout(kernel, False), time_in_layout(kernel, True)
+        nodes = frozenset(index[n] for n in k["nodes"])
+        nchw = time_in_layout(extract(graph, nodes, k["inputs"], k["outputs"], name=k["name"]))
+        last = time_in_layout(extract(graph, nodes, k["inputs"], k["outputs"], name=k["name"], layout=CHANNELS_LAST))
         rows.append({"kernel": k["name"], "ops": k["ops"], "planned_ms": round(k["cost_s"] * 1e3, 3),
                      "nchw_ms": round(nchw * 1e3, 3), "channels_last_ms": round(last * 1e3, 3),
                      "speedup": round(nchw / last, 2)})

@@ -126,7 +126,8 @@ def cmd_optimize(args) -> int:
             compiled_unit=False if args.kernel_by_kernel else None, progress=_callbacks(progress, task),
             precision=args.precision, cuda_graph=False if args.no_cuda_graph else None,
             tolerance=args.tolerance, check_inputs=read_npz(args.check_inputs, "--check-inputs"),
-            input_values=input_values(args), unit_boundaries=args.unit_boundaries)
+            input_values=input_values(args), unit_boundaries=args.unit_boundaries,
+            layouts=False if args.no_layouts else None)
     out = args.output
     plan = result.plan
     optimal = all(s.optimal for s in plan.segments)
@@ -372,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unit-boundaries", choices=config.UNIT_BOUNDARIES,
                    help="on a CPU, how the compiled unit stores the values a convolution reads between kernels "
                         "(default: measured, the faster of both)")
+    p.add_argument("--no-layouts", action="store_true",
+                   help="on a CPU with measured costs, store every value contiguous instead of choosing each "
+                        "value's layout with the kernels")
     p.add_argument("--check-inputs", type=Path, metavar="FILE.npz",
                    help="inputs (by name) for the check against ONNX Runtime; others are seeded random")
     p.add_argument("--dynamic", metavar="NAME=LOW..HIGH",

@@ -69,6 +69,11 @@ def checked_unit_boundaries(value: str) -> str:
         raise KorchError(f"unknown unit boundary layout {value!r}; known: {', '.join(UNIT_BOUNDARIES)}")
     return value
 
+# Whether a measured plan for a CPU chooses each value's layout with its kernels (orchestrate/layouts.py): every
+# candidate that reads or writes a 4-D activation is measured channels-last too, and the compiled unit stores
+# each value as planned; `--no-layouts` (or KORCH_LAYOUTS=0) plans contiguous values only.
+layouts: bool = os.environ.get("KORCH_LAYOUTS", "1") != "0"
+
 # How float32 matrix products are computed on a GPU: "fp32" (exact) or "tf32" (tensor cores); see precision.py.
 precision: str = os.environ.get("KORCH_PRECISION", "fp32")
 

@@ -82,7 +82,7 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
              compiled_unit: bool | None = None, progress: Progress | None = None,
              precision: str | None = None, cuda_graph: bool | None = None, tolerance: float | None = None,
              check_inputs: Mapping | None = None, input_values: Mapping | None = None,
-             unit_boundaries: str | None = None) -> Optimized:
+             unit_boundaries: str | None = None, layouts: bool | None = None) -> Optimized:
     """The optimal plan of ``model`` (a path, ``zoo:NAME`` or a ModelProto) for ``target``, and with
     ``output`` its executable, built, checked against ONNX Runtime and written there.
 
@@ -101,7 +101,9 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     float32 products, korch's kernels and the libraries alike (``korch/precision.py``). ``cuda_graph``
     (default ``config.cuda_graph``): a GPU executable replays a CUDA graph; a capture that fails is an error.
     ``unit_boundaries`` (default ``config.unit_boundaries``): how a compiled unit lays out the values a
-    convolution reads between kernels, "measured", "nchw" or "channels-last" (``runtime/unit.py``).
+    convolution reads between kernels, "measured", "nchw" or "channels-last" (``runtime/unit.py``); a plan
+    that chose its values' layouts (``layouts``, default ``config.layouts``: measured plans for CPUs,
+    ``orchestrate/layouts.py``) stores them as planned instead.
     """
     from korch import config
     from korch import precision as policies
@@ -116,7 +118,8 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     check = _Check(tolerance, dict(check_inputs) if check_inputs is not None else None, input_values)
     boundaries = config.checked_unit_boundaries(unit_boundaries or config.unit_boundaries)
     with policies.use(policy), config.patch(cuda_graph=config.cuda_graph if cuda_graph is None else cuda_graph,
-                                            unit_boundaries=boundaries):
+                                            unit_boundaries=boundaries,
+                                            layouts=config.layouts if layouts is None else layouts):
         return _optimize(model, output=output, target=target, cost=cost, db=db, jobs=jobs, input_shapes=input_shapes,
                          time_limit=time_limit, cut_points=cut_points, max_kernel_nodes=max_kernel_nodes,
                          plan_only=plan_only, compiled_unit=compiled_unit, progress=progress, check=check)
@@ -139,6 +142,7 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
     from korch.backends.registry import BackendPredicate, backends_for, device_for
     from korch.cost import candidate_bounds, get_device
     from korch.orchestrate.candidates import enumerate_candidates
+    from korch.orchestrate.layouts import with_layouts
     from korch.orchestrate.partition import load_cut_points, partition, partition_at
 
     progress = progress or Progress()
@@ -163,6 +167,8 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
     with stage("candidate kernels"):
         candidates = enumerate_candidates(graph, max_nodes=max_kernel_nodes or config.max_kernel_nodes,
                                           predicate=BackendPredicate(backends_for(target)))
+        if chooses_layouts(target, cost):
+            candidates = with_layouts(graph, candidates)
     with stage("partition"):
         segments = partition_at(graph, candidates, cuts) if cuts else partition(
             graph, candidates, max_segment_nodes=config.max_segment_nodes)
@@ -177,8 +183,9 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
                                   db=ProfileDB(str(db) if db else None), jobs=jobs, on_kernel=progress.on_kernel)
     try:
         with stage("measure and solve" if measurer else "solve"):
-            kernels, segment_reports = solve_segments(graph, candidates, segments, bounds, time_limit,
-                                                      progress.on_segment, measurer)
+            kernels, segment_reports, conversions = solve_segments(
+                graph, candidates, segments, bounds, time_limit, progress.on_segment, measurer,
+                conversion_cost=_conversion_cost(graph, device, measurer))
     finally:
         if measurer is not None:
             measurer.close()
@@ -186,8 +193,10 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
              "stage_seconds": dict(stage.seconds)}  # the planning stages
     if measurer is not None:
         stats["measurement"] = measurement_stats(measurer)
+    if chooses_layouts(target, cost):
+        stats["layouts"] = "chosen"
     plan = Plan(model=graph.name, target=device.name, cost_model=cost, kernels=tuple(kernels),
-                segments=tuple(segment_reports), stats=stats)
+                segments=tuple(segment_reports), stats=stats, conversions=tuple(conversions))
     result = Optimized(graph=graph, plan=plan, stage_seconds=stage.seconds, candidates=len(candidates.candidates),
                        rejected=dict(candidates.rejected), reference=reference)
     if output is None:
@@ -200,6 +209,28 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
         return result
     return _build_check_write(result, target, device_for(target), Path(output), stage, progress,
                               config.compiled_unit if compiled_unit is None else compiled_unit, check)
+
+
+def chooses_layouts(target: str, cost: str) -> bool:
+    """Whether the program chooses values' layouts (``orchestrate/layouts.py``): for measured plans on a CPU,
+    where the compiled unit stores values as planned and measured kernels tell the layouts apart (floors do
+    not); GPU executables read and write contiguous values so far."""
+    from korch import config
+
+    return config.layouts and target == "cpu" and cost == "measured"
+
+
+def _conversion_cost(graph, device, measurer):
+    """What a layout conversion costs the program: its floor, or its measured time where kernels are measured."""
+    from korch.orchestrate.layouts import conversion_floor
+
+    def cost(conversion) -> float:
+        floor = conversion_floor(graph, conversion, device)
+        if measurer is None:
+            return floor
+        return max(floor, measurer.conversion_s(graph.tensors[conversion.tensor], conversion.to))
+
+    return cost
 
 
 def _compile_unit(graph, plan, device: str) -> tuple[bytes | None, str, dict]:

@@ -170,3 +170,23 @@ def test_chromium_check_sees_a_script_error(candy, tmp_path):
     (tmp_path / "broken.html").write_text(page)
     body = _dump_dom(tmp_path / "broken.html", tmp_path / "profile").body()
     assert "kernels without a drawing: k0" in body.get("data-errors", "") and "data-ready" not in body
+
+
+def test_chosen_layouts_and_conversions_are_marked():
+    """A value stored channels-last and a value converted are marked in the drawing, with their layout in the
+    tooltip, and each kernel's layout is in the table."""
+    import dataclasses
+
+    from korch.orchestrate.plan import PlannedConversion
+
+    graph, plan = _tiny()
+    first, second = plan.kernels
+    plan = dataclasses.replace(plan, kernels=(dataclasses.replace(first, layout="channels_last"), second),
+                               conversions=(PlannedConversion(tensor=second.outputs[0], to="channels_last",
+                                                              cost_s=1e-6, before="k1"),))
+    page = render_html(graph, plan)
+    elements = _Elements(page)
+    assert elements.values("data-node", "g", cls="channels-last") == [graph.nodes[2].name]
+    assert elements.values("data-node", "g", cls="converted") == [graph.nodes[3].name]
+    assert "stored channels_last" in page and "converted to channels_last before k1" in page
+    assert page.count("<td>channels-last</td>") == 1 and page.count("<td>contiguous</td>") == 1

@@ -378,6 +378,38 @@ def test_a_value_only_a_pointwise_product_reads_is_stored_channels_last():
         assert f"(1, 64, 32), {strides}" in product, code
 
 
+@pytest.mark.parametrize("first, second", [("channels_last", "contiguous"), ("contiguous", "channels_last")])
+def test_planned_layouts_decide_how_each_value_between_kernels_is_stored(first, second):
+    """With layouts the plan chose (``orchestrate/layouts.py``), a value between kernels is stored in the
+    layout of the kernel that writes it, whatever Inductor's own preference: here a pointwise kernel's output
+    that a convolution reads, and the convolution's output that another pointwise kernel reads."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.utils import run_and_get_code
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.traceback import annotate, preserve_node_meta
+
+    weight = torch.randn(16, 16, 3, 3)
+
+    def three_kernels(x):
+        with annotate({"korch_kernel": 0, "korch_layout": first}):
+            a = torch.relu(x * 2.0 + 1.0)
+        with annotate({"korch_kernel": 1, "korch_layout": second}):
+            c = torch.nn.functional.conv2d(a, weight, padding=1)
+        with annotate({"korch_kernel": 2, "korch_layout": "contiguous"}):
+            return (torch.exp(c),)
+
+    x = torch.randn(1, 16, 8, 8)
+    with preserve_node_meta():
+        gm = make_fx(three_kernels)(x)
+    with unit.kernel_boundaries(planned=True), torch.no_grad():
+        got, codes = run_and_get_code(lambda: compile_fx(gm, [x])(x))
+    torch.testing.assert_close(got[0], three_kernels(x)[0], rtol=1e-4, atol=1e-4)
+    code = "\n".join(codes)
+    strides = {"contiguous": "(1, 16, 8, 8), (1024, 64, 8, 1)", "channels_last": "(1, 16, 8, 8), (1024, 1, 128, 16)"}
+    # the first kernel's output is a buffer of its own, in the first kernel's layout
+    assert f"buf0 = empty_strided_cpu({strides[first]}" in code, code
+
+
 def test_a_recorded_choice_names_its_variant():
     """``chosen_variant`` reads back a manifest's ``unit``: weights, boundary layout, pointwise convolutions."""
     assert unit.chosen_variant({"weights": "as given to ATen"}) == unit.VARIANTS["as given to ATen"]

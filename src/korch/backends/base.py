@@ -25,7 +25,7 @@ from typing import Protocol
 import torch
 
 from korch.errors import KorchError
-from korch.ir.graph import Graph
+from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS, Graph
 
 
 class BuildError(KorchError):
@@ -57,6 +57,19 @@ class Backend(Protocol):
 
     def build(self, kernel: Graph, device: str) -> BuiltKernel:
         ...
+
+
+def stored_as(tensor: torch.Tensor, layout: str) -> torch.Tensor:
+    """``tensor`` with the strides of ``layout`` (``ir.graph.LAYOUTS``), copied only if it has others."""
+    return tensor.contiguous(memory_format=torch.channels_last) if layout == CHANNELS_LAST else tensor.contiguous()
+
+
+def contiguous_only(backend: str, kernel: Graph) -> str | None:
+    """The reason a backend that reads and writes contiguous tensors only gives for a kernel with other
+    boundary layouts (None when it has none)."""
+    if any(kernel.tensors[t].layout != CONTIGUOUS for t in (*kernel.inputs, *kernel.outputs)):
+        return f"{backend}: contiguous boundaries only"
+    return None
 
 
 def write_outputs(results: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from korch.backends.base import BuiltKernel
+from korch.backends.base import BuiltKernel, stored_as
 from korch.ir import dtypes
-from korch.ir.graph import Graph
+from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS, Graph
 from korch.ir import interpret
 
 # relative-norm tolerance for floating-point outputs
@@ -71,10 +71,12 @@ class RandomArena:
         self._used.clear()
 
     def inputs(self, kernel: Graph) -> list[torch.Tensor]:
-        """One view per kernel input, none overlapping another since the last ``reset``."""
-        return [self._take(kernel.tensors[name].dtype, kernel.tensors[name].shape) for name in kernel.inputs]
+        """One view per kernel input, in the input's layout, none overlapping another since the last ``reset``."""
+        return [self.take(kernel.tensors[name].dtype, kernel.tensors[name].shape, kernel.tensors[name].layout)
+                for name in kernel.inputs]
 
-    def _take(self, dtype: str, shape) -> torch.Tensor:
+    def take(self, dtype: str, shape, layout: str = CONTIGUOUS) -> torch.Tensor:
+        """A view of ``shape`` stored in ``layout``, overlapping none handed out since the last ``reset``."""
         count = int(np.prod(shape, dtype=np.int64))
         step = max(1, self.ALIGN_BYTES // dtypes.itemsize(dtype))
         start = -(-self._used.get(dtype, 0) // step) * step
@@ -84,6 +86,9 @@ class RandomArena:
             pool = torch.from_numpy(_random_values(self._rng, dtype, (size,))).to(self.device, copy=True)
             self._pools[dtype] = pool  # views handed out before keep the old pool alive
         self._used[dtype] = start + count
+        if layout == CHANNELS_LAST:  # N, H, W, C in memory, seen as N, C, H, W
+            n, c, h, w = shape
+            return pool[start:start + count].view(n, h, w, c).permute(0, 3, 1, 2)
         return pool[start:start + count].view(tuple(shape))
 
 
@@ -93,7 +98,7 @@ def _poisoned(kernel: Graph, device: str) -> list[torch.Tensor]:
         t = kernel.tensors[name]
         dtype = dtypes.torch_dtype(t.dtype)
         fill = float("nan") if dtypes.is_float(t.dtype) else (True if t.dtype == "bool" else torch.iinfo(dtype).min)
-        buffers.append(torch.full(t.shape, fill, dtype=dtype, device=device))
+        buffers.append(stored_as(torch.full(t.shape, fill, dtype=dtype, device=device), t.layout))
     return buffers
 
 
@@ -163,7 +168,8 @@ def _reference(kernel: Graph, seed: int) -> tuple[list[torch.Tensor], dict[str, 
 def _check_against(built: BuiltKernel, kernel: Graph, inputs: Sequence[torch.Tensor],
                    expected: dict[str, np.ndarray], device: str) -> CheckResult:
     buffers = _poisoned(kernel, device)
-    actual = built(*[x.to(device) for x in inputs], out=buffers)
+    actual = built(*[stored_as(x.to(device), kernel.tensors[n].layout) for x, n in zip(inputs, kernel.inputs)],
+                   out=buffers)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     results = [compare(a, expected[name], name) for a, name in zip(actual, kernel.outputs)]

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from korch.backends.base import BuildError
+from korch.backends.base import BuildError, stored_as
 from korch.backends.check import random_inputs
 from korch.backends.torch_ops import kernel_function
 from korch.errors import one_line
@@ -51,11 +51,6 @@ def _writing_outputs(fn, inputs: int):
     return write
 
 
-def laid_out(tensor: torch.Tensor, channels_last: bool) -> torch.Tensor:
-    """``tensor``, channels-last if asked and 4-D."""
-    return tensor.contiguous(memory_format=torch.channels_last) if channels_last and tensor.dim() == 4 else tensor
-
-
 @contextlib.contextmanager
 def _cacheable(examples: Sequence[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
     """Fake copies of ``examples`` (static shapes), in a tracing context whose fake mode has a shape environment:
@@ -75,16 +70,17 @@ class InductorKernel:
     backend = "inductor"
     in_place = True
 
-    def __init__(self, kernel: Graph, device: str, function=None, channels_last: bool = False):
-        """``kernel`` compiled for ``device``; ``function`` computes it (``kernel_function``'s by default). With
-        ``channels_last`` every 4-D input and output is channels-last (``laid_out``), and must be passed so."""
+    def __init__(self, kernel: Graph, device: str, function=None):
+        """``kernel`` compiled for ``device``; ``function`` computes it (``kernel_function``'s by default). Each
+        input and output is stored in its tensor's layout (``stored_as``), and must be passed so."""
         from torch._inductor.compile_fx import compile_fx
         from torch._inductor.utils import run_and_get_code
         from torch.fx.experimental.proxy_tensor import make_fx
 
         self._outputs = [kernel.tensors[name] for name in kernel.outputs]
-        self.device, self.channels_last = device, channels_last
-        examples = [laid_out(x.to(device), channels_last) for x in random_inputs(kernel)] + self._allocate()
+        self.device = device
+        examples = [stored_as(x.to(device), kernel.tensors[name].layout)
+                    for x, name in zip(random_inputs(kernel), kernel.inputs)] + self._allocate()
         try:
             function = function or kernel_function(kernel, device)
             graph_module = make_fx(_writing_outputs(function, len(kernel.inputs)))(*examples)
@@ -97,8 +93,8 @@ class InductorKernel:
         self.launches = sum(count_launches(code) for code in codes)
 
     def _allocate(self) -> list[torch.Tensor]:
-        return [laid_out(torch.empty(t.shape, dtype=dtypes.torch_dtype(t.dtype), device=self.device),
-                         self.channels_last) for t in self._outputs]
+        return [stored_as(torch.empty(t.shape, dtype=dtypes.torch_dtype(t.dtype), device=self.device), t.layout)
+                for t in self._outputs]
 
     def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         results = list(out) if out is not None else self._allocate()

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from korch.backends.base import write_outputs
+from korch.backends.base import contiguous_only, write_outputs
 from korch.backends.torch_ops import kernel_function
 from korch.ir.graph import Graph
 
@@ -44,7 +44,8 @@ class LibraryBackend:
         return True
 
     def claims(self, kernel: Graph) -> str | None:
-        return None if len(kernel.nodes) == 1 else "library: one primitive per kernel"
+        return contiguous_only(self.name, kernel) or (
+            None if len(kernel.nodes) == 1 else "library: one primitive per kernel")
 
     def build(self, kernel: Graph, device: str) -> LibraryKernel:
         return LibraryKernel(kernel, device)

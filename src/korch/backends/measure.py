@@ -42,14 +42,14 @@ import torch
 
 from korch import precision, workers
 from korch.backends import cpp_batch
-from korch.backends.base import Backend
+from korch.backends.base import Backend, stored_as
 from korch.errors import one_line
 from korch.backends.check import RandomArena, check, checked_variants, random_inputs
 from korch.backends.db import ProfileDB, Record
 from korch.backends.registry import backends_for, device_for
 from korch.backends.timing import rotation_sets, time_kernel
 from korch.cost.devices import get_device
-from korch.ir.graph import Graph, Node, Tensor
+from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS, Graph, Node, Tensor
 from korch.ir.ops import Op
 from korch.ir.subgraph import extract
 
@@ -164,6 +164,7 @@ class KernelMeasurer:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._calling_s: dict[str, float] = {}  # backend -> its calling cost (see the module docstring)
         self._arena = RandomArena(self.device)  # the timing inputs
+        self._conversions: dict[tuple, float] = {}  # (shape, dtype, layout) -> seconds (conversion_s)
 
     # -- the oracle ---------------------------------------------------------------------
 
@@ -217,6 +218,20 @@ class KernelMeasurer:
                 self._calling_s[backend_name] = seconds
         return self._calling_s[backend_name]
 
+    def conversion_s(self, tensor: Tensor, to: str) -> float:
+        """Seconds to copy a value shaped as ``tensor`` into layout ``to`` from the other one, as a torch copy;
+        timed once per shape in a process (a few milliseconds each), not kept in the database."""
+        key = (tensor.shape, tensor.dtype, to)
+        if key not in self._conversions:
+            source = CONTIGUOUS if to == CHANNELS_LAST else CHANNELS_LAST
+            self._arena.reset()
+            sets = rotation_sets(lambda i: self._arena.take(tensor.dtype, tensor.shape, source), 2 * tensor.nbytes,
+                                 device=self.device)
+            outputs = [stored_as(torch.empty_like(x), to) for x in sets]
+            self._conversions[key] = time_kernel(lambda i: outputs[i].copy_(sets[i]), device=self.device,
+                                                 rotate=len(sets)).median_s
+        return self._conversions[key]
+
     def record_for(self, candidate_id: int) -> Record | None:
         return self.best.get(self.candidates[candidate_id].signature)
 
@@ -229,7 +244,7 @@ class KernelMeasurer:
 
     def kernel_graph(self, candidate_id: int) -> Graph:
         c = self.candidates[candidate_id]
-        return extract(self.graph, c.nodes, c.inputs, c.outputs, name=f"c{candidate_id}")
+        return extract(self.graph, c.nodes, c.inputs, c.outputs, name=f"c{candidate_id}", layout=c.layout)
 
     def _claimed(self, signature: str, candidate_id: int) -> tuple[Graph, list[Backend]]:
         """The kernel graph of a signature and the backends that claim it, worked out once."""

@@ -17,13 +17,21 @@ import numpy as np
 from korch.ir.ops import Op
 
 
+# How a tensor is stored where it crosses a kernel boundary. Layout is a property of how kernels read and write
+# a value, never of what it is: a graph means the same thing whatever its tensors' layouts.
+CONTIGUOUS = "contiguous"        # row-major in the logical order (NCHW for images)
+CHANNELS_LAST = "channels_last"  # a 4-D value stored N, H, W, C (torch.channels_last)
+LAYOUTS = (CONTIGUOUS, CHANNELS_LAST)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Tensor:
-    """A named value with a static shape and a numpy dtype name."""
+    """A named value with a static shape, a numpy dtype name, and how it is stored (``LAYOUTS``)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    layout: str = CONTIGUOUS
 
     @property
     def rank(self) -> int:

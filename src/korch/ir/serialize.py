@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from korch.fsutil import atomic_write_bytes
-from korch.ir.graph import Attrs, Graph, Node, Tensor
+from korch.ir.graph import CONTIGUOUS, Attrs, Graph, Node, Tensor
 from korch.ir.ops import Op
 
 FORMAT = "korch-ir"
@@ -39,7 +39,8 @@ def to_json(graph: Graph) -> dict:
         "opset": graph.opset,
         "inputs": list(graph.inputs),
         "outputs": list(graph.outputs),
-        "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in graph.tensors.values()],
+        "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype,
+                     **({} if t.layout == CONTIGUOUS else {"layout": t.layout})} for t in graph.tensors.values()],
         "constants": {
             name: base64.b64encode(np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<")).tobytes()).decode()
             for name, value in graph.constants.items()
@@ -57,7 +58,8 @@ def from_json(data: dict) -> Graph:
         raise ValueError(f"not a {FORMAT} v{VERSION} document")
     graph = Graph(name=data["name"], opset=data["opset"], inputs=list(data["inputs"]), outputs=list(data["outputs"]))
     for t in data["tensors"]:
-        graph.tensors[t["name"]] = Tensor(name=t["name"], shape=tuple(t["shape"]), dtype=t["dtype"])
+        graph.tensors[t["name"]] = Tensor(name=t["name"], shape=tuple(t["shape"]), dtype=t["dtype"],
+                                          layout=t.get("layout", CONTIGUOUS))
     for name, encoded in data["constants"].items():
         t = graph.tensors[name]
         raw = np.frombuffer(base64.b64decode(encoded), dtype=np.dtype(t.dtype).newbyteorder("<"))

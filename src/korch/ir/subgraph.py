@@ -9,12 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from korch.ir.graph import Graph
+import dataclasses
+
+from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS, Graph, Tensor
+
+
+def has_layouts(tensor: Tensor) -> bool:
+    """Whether ``tensor`` can be stored in more than one layout: a 4-D floating-point value (an image's
+    activations; constants are the backends' to lay out, as they pack weights)."""
+    return tensor.rank == 4 and tensor.dtype.startswith("float")
 
 
 def extract(graph: Graph, node_indices: Iterable[int], inputs: Sequence[str], outputs: Sequence[str],
-            name: str = "kernel") -> Graph:
-    """The graph of ``graph.nodes[i] for i in node_indices`` reading ``inputs`` and writing ``outputs``."""
+            name: str = "kernel", layout: str = CONTIGUOUS) -> Graph:
+    """The graph of ``graph.nodes[i] for i in node_indices`` reading ``inputs`` and writing ``outputs``; with
+    ``layout`` every input and output that ``has_layouts`` is stored so (the kernel reads and writes it so)."""
     nodes = [graph.nodes[i] for i in sorted(node_indices)]
     sub = Graph(name=name, opset=graph.opset)
     for tensor in inputs:
@@ -33,4 +42,14 @@ def extract(graph: Graph, node_indices: Iterable[int], inputs: Sequence[str], ou
             sub.add_tensor(graph.tensors[tensor])
         sub.nodes.append(node)
     sub.outputs = list(outputs)
+    if layout != CONTIGUOUS:
+        for tensor in (*sub.inputs, *sub.outputs):
+            if has_layouts(sub.tensors[tensor]):
+                sub.tensors[tensor] = dataclasses.replace(sub.tensors[tensor], layout=layout)
     return sub
+
+
+def boundary_layout(kernel: Graph) -> str:
+    """The layout a kernel graph stores its laid-out inputs and outputs in (``extract``'s ``layout``)."""
+    return CHANNELS_LAST if any(kernel.tensors[t].layout == CHANNELS_LAST
+                                for t in (*kernel.inputs, *kernel.outputs)) else CONTIGUOUS

@@ -12,7 +12,7 @@ exist.
 from __future__ import annotations
 
 from korch.ir import dtypes
-from korch.ir.graph import Graph
+from korch.ir.graph import CHANNELS_LAST, LAYOUTS, Graph
 from korch.ir.ops import Op
 from korch.ir.shapes import IRError, infer
 
@@ -23,6 +23,8 @@ def verify(graph: Graph) -> Graph:
             raise IRError(f"tensor table key {name!r} holds {tensor.name!r}")
         if any((not isinstance(d, int)) or d < 0 for d in tensor.shape):
             raise IRError(f"tensor {name!r} has a non-static shape {tensor.shape}")
+        if tensor.layout not in LAYOUTS or (tensor.layout == CHANNELS_LAST and tensor.rank != 4):
+            raise IRError(f"tensor {name!r} of rank {tensor.rank} has layout {tensor.layout!r}")
     for name, value in graph.constants.items():
         t = graph.tensors.get(name)
         if t is None or t.shape != value.shape or t.dtype != value.dtype.name:

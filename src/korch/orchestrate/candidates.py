@@ -44,7 +44,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator
 
 from korch.errors import KorchError
-from korch.ir.graph import Graph
+from korch.ir.graph import CONTIGUOUS, Graph
 from korch.ir.ops import Kind
 from korch.orchestrate.signature import Signer
 
@@ -67,7 +67,8 @@ class Candidate:
     nodes: frozenset[int]            # indices into graph.nodes
     inputs: tuple[str, ...]          # tensors read from outside the kernel, in order of first use
     outputs: tuple[str, ...]         # tensors written and read outside it (or graph outputs), topological order
-    signature: str                   # canonical structural hash (signature.py)
+    signature: str                   # canonical structural hash (signature.py), with the layout's suffix
+    layout: str = CONTIGUOUS         # how its laid-out inputs and outputs are stored (layouts.py)
 
 
 @dataclasses.dataclass

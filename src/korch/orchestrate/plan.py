@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from korch.errors import KorchError
+from korch.ir.graph import CONTIGUOUS
 from korch.fsutil import atomic_write_bytes
 
 FORMAT = "korch-plan"
@@ -34,6 +35,15 @@ class PlannedKernel:
     backend: str = ""             # the backend whose kernel was fastest (measured plans)
     launches: int = 1             # device kernels that backend launches for it
     variant: dict | None = None   # the launch variant measured fastest (Triton), if any
+    layout: str = CONTIGUOUS      # how its inputs and outputs with layouts are stored (orchestrate/layouts.py)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlannedConversion:
+    tensor: str                   # the value copied into layout ``to`` from the other one
+    to: str
+    cost_s: float
+    before: str                   # the kernel it runs before (the plan's kernels are in execution order)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,10 +68,15 @@ class Plan:
     kernels: tuple[PlannedKernel, ...]
     segments: tuple[SegmentReport, ...] = ()
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    conversions: tuple[PlannedConversion, ...] = ()
 
     @property
     def predicted_latency_s(self) -> float:
-        return sum(k.cost_s for k in self.kernels)
+        return sum(k.cost_s for k in self.kernels) + sum(c.cost_s for c in self.conversions)
+
+    def stored_layouts(self) -> dict[str, str]:
+        """Each value a kernel writes in a layout other than contiguous: its layout."""
+        return {t: k.layout for k in self.kernels if k.layout != CONTIGUOUS for t in k.outputs}
 
     def to_json(self) -> dict:
         return {
@@ -70,6 +85,7 @@ class Plan:
             "stats": self.stats,
             "segments": [dataclasses.asdict(s) for s in self.segments],
             "kernels": [dataclasses.asdict(k) for k in self.kernels],
+            "conversions": [dataclasses.asdict(c) for c in self.conversions],
         }
 
     @classmethod
@@ -79,7 +95,8 @@ class Plan:
         kernels = tuple(PlannedKernel(**{**k, "nodes": tuple(k["nodes"]), "inputs": tuple(k["inputs"]),
                                           "outputs": tuple(k["outputs"])}) for k in data["kernels"])
         return cls(model=data["model"], target=data["target"], cost_model=data["cost_model"], kernels=kernels,
-                   segments=tuple(SegmentReport(**s) for s in data["segments"]), stats=data.get("stats", {}))
+                   segments=tuple(SegmentReport(**s) for s in data["segments"]), stats=data.get("stats", {}),
+                   conversions=tuple(PlannedConversion(**c) for c in data.get("conversions", ())))
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_json(), indent=1).encode()

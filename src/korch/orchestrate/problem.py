@@ -12,15 +12,21 @@ root LP is integral, 0.07 s instead of minutes of branch and bound), and it
 needs no new kind of constraint: each primitive becomes a pseudo-tensor,
 "computed(v)", that every candidate containing it produces and that is
 required.
+
+With layout columns (``layouts.py``) a value stored channels-last is a tensor
+id of its own, and the conversions between layouts are columns after the
+candidates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from korch.ir import Graph
+from korch.ir.graph import CONTIGUOUS
 from korch.orchestrate.candidates import CandidateSet
+from korch.orchestrate.layouts import Conversion, conversions, laid_out, stored_name
 from korch.orchestrate.partition import Segment
 
 
@@ -45,9 +51,12 @@ class Problem:
                                  "(math.inf excludes a candidate)")
 
 
-def segment_problem(graph: Graph, candidates: CandidateSet, segment: Segment,
-                    costs: Sequence[float]) -> tuple[Problem, list[int]]:
-    """The segment's problem, and the global candidate id of each of its local candidates."""
+def segment_problem(graph: Graph, candidates: CandidateSet, segment: Segment, costs: Sequence[float],
+                    conversion_costs: Callable[[Conversion], float] | None = None) \
+        -> tuple[Problem, list[int], list[Conversion]]:
+    """The segment's problem, the global candidate id of each of its first local candidates, and the layout
+    conversions its last ones are (``layouts.py``; none unless a candidate is channels-last, and then
+    ``conversion_costs`` prices them)."""
     inside = {out for i in segment.nodes for out in graph.nodes[i].outputs}
     read_after = {t for i, node in enumerate(graph.nodes) if i not in segment.nodes for t in node.inputs}
     required = sorted(t for t in inside if t in read_after or t in graph.outputs)
@@ -60,12 +69,25 @@ def segment_problem(graph: Graph, candidates: CandidateSet, segment: Segment,
     needs, produces = [], []
     for cid in ids:
         cand = candidates.candidates[cid]
-        needs.append(tuple(tid(t) for t in cand.inputs if t in inside))
-        produces.append(tuple(tid(t) for t in cand.outputs) + tuple(tid(_computed(v)) for v in sorted(cand.nodes)))
+        stored = set(laid_out(graph, cand)) if cand.layout != CONTIGUOUS else set()
+
+        def name(t: str) -> str:
+            return stored_name(t, cand.layout) if t in stored else t
+
+        # a value from outside the segment is given contiguous: stored otherwise, a conversion writes it
+        needs.append(tuple(tid(name(t)) for t in cand.inputs if t in inside or t in stored))
+        produces.append(tuple(tid(name(t)) for t in cand.outputs) + tuple(tid(_computed(v)) for v in sorted(cand.nodes)))
+    moves = conversions(graph, (candidates.candidates[c] for c in ids))
+    move_costs = []
+    for move in moves:
+        source = stored_name(move.tensor, move.source)
+        needs.append((tid(source),) if move.tensor in inside or source != move.tensor else ())
+        produces.append((tid(stored_name(move.tensor, move.to)),))
+        move_costs.append(conversion_costs(move))
     computed = [tid(_computed(v)) for v in sorted(segment.nodes)]
-    problem = Problem(costs=tuple(costs[c] for c in ids), needs=tuple(needs), produces=tuple(produces),
-                      required=tuple(tid(t) for t in required) + tuple(computed))
-    return problem, ids
+    problem = Problem(costs=tuple(costs[c] for c in ids) + tuple(move_costs), needs=tuple(needs),
+                      produces=tuple(produces), required=tuple(tid(t) for t in required) + tuple(computed))
+    return problem, ids, moves
 
 
 def _computed(node_index: int) -> str:

@@ -19,7 +19,8 @@ from korch.ir import Graph
 from korch.orchestrate.candidates import CandidateSet
 from korch.orchestrate.lazy import solve_lazily
 from korch.orchestrate.partition import Segment
-from korch.orchestrate.plan import PlannedKernel, SegmentReport
+from korch.orchestrate.layouts import Conversion
+from korch.orchestrate.plan import PlannedConversion, PlannedKernel, SegmentReport
 from korch.orchestrate.problem import segment_problem
 from korch.orchestrate.signature import describe
 from korch.orchestrate.solver import solve
@@ -49,12 +50,14 @@ class _SegmentOracle:
 
 
 def _solve_segment(problem, ids, bounds, measurer, time_limit):
-    """The segment's solution, with measured latencies when a measurer is given: (solution, latency by local id)."""
+    """The segment's solution, with measured latencies when a measurer is given: (solution, latency by local id).
+    Local ids past ``ids`` are layout conversions, priced in ``problem.costs`` already."""
     if measurer is None:
         return solve(problem, time_limit=time_limit), {}
-    local_bounds = [bounds[i] for i in ids]
+    moves = range(len(ids), len(problem.costs))
+    local_bounds = [bounds[i] for i in ids] + [problem.costs[c] for c in moves]
     known = measurer.known(ids)
-    measured = {c: known[i] for c, i in enumerate(ids) if i in known}
+    measured = {c: known[i] for c, i in enumerate(ids) if i in known} | {c: problem.costs[c] for c in moves}
     result = solve_lazily(problem, local_bounds, _SegmentOracle(measurer, ids), measured=measured,
                           time_limit=time_limit)
     return result.solution, {**measured, **result.measured}
@@ -62,18 +65,26 @@ def _solve_segment(problem, ids, bounds, measurer, time_limit):
 
 def solve_segments(graph: Graph, candidates: CandidateSet, segments: Sequence[Segment], bounds: Sequence[float],
                    time_limit: float | None, on_segment: Callable[[int, int], None] | None = None,
-                   measurer=None) -> tuple[list[PlannedKernel], list[SegmentReport]]:
-    """The plan's kernels in execution order and a report per segment (``time_limit``: seconds for all)."""
+                   measurer=None, conversion_cost: Callable[[Conversion], float] | None = None) \
+        -> tuple[list[PlannedKernel], list[SegmentReport], list[PlannedConversion]]:
+    """The plan's kernels in execution order, a report per segment (``time_limit``: seconds for all), and the
+    layout conversions chosen (``conversion_cost`` prices them, when candidates have layout columns)."""
     deadline = None if time_limit is None else time.perf_counter() + time_limit
     kernels: list[PlannedKernel] = []
     reports: list[SegmentReport] = []
+    moves: list[PlannedConversion] = []
     for number, segment in enumerate(segments):
         if on_segment:
             on_segment(number, len(segments))
-        problem, ids = segment_problem(graph, candidates, segment, bounds)
+        problem, ids, conversions = segment_problem(graph, candidates, segment, bounds, conversion_cost)
         remaining = None if deadline is None else max(deadline - time.perf_counter(), 0.5)
         solution, latencies = _solve_segment(problem, ids, bounds, measurer, remaining)
         for local in solution.order:
+            if local >= len(ids):
+                move = conversions[local - len(ids)]
+                moves.append(PlannedConversion(tensor=move.tensor, to=move.to, cost_s=problem.costs[local],
+                                               before=f"k{len(kernels)}"))
+                continue
             cand = candidates.candidates[ids[local]]
             nodes = sorted(cand.nodes)
             record = measurer.record_for(cand.id) if measurer else None
@@ -82,9 +93,10 @@ def solve_segments(graph: Graph, candidates: CandidateSet, segments: Sequence[Se
                 ops=describe(graph, cand.nodes), inputs=cand.inputs, outputs=cand.outputs,
                 signature=cand.signature, cost_s=latencies.get(local, bounds[cand.id]), bound_s=bounds[cand.id],
                 measured=local in latencies, backend=record.backend if record else "",
-                launches=record.launches if record else 1, variant=record.variant if record else None))
+                launches=record.launches if record else 1, variant=record.variant if record else None,
+                layout=cand.layout))
         reports.append(SegmentReport(
             nodes=len(segment.nodes), candidates=len(ids), exact=segment.exact, dropped=segment.dropped,
             kernels=len(solution.order), objective_s=solution.objective, seconds=solution.seconds,
             optimal=solution.optimal, gap=solution.gap, cycle_cuts=solution.cycle_cuts))
-    return kernels, reports
+    return kernels, reports, moves

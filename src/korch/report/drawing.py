@@ -211,20 +211,27 @@ def _kernel_groups(graph: Graph, plan: Plan, lay: Layout, colours: dict[str, str
     return groups
 
 
-def _node_marks(graph: Graph, lay: Layout, owners: dict[str, list[str]]) -> list[str]:
+def _node_marks(graph: Graph, plan: Plan, lay: Layout, owners: dict[str, list[str]]) -> list[str]:
     outputs = set(graph.outputs)
+    stored = plan.stored_layouts()
+    converted = {c.tensor: c for c in plan.conversions}
     marks = []
     for i, node in enumerate(graph.nodes):
         x, y = lay.x[i], lay.y[i]
         share = owners.get(node.name, [])
         classes = ["node"] + (["redundant"] if len(share) > 1 else []) + (["orphan"] if not share else []) \
-            + (["output"] if outputs.intersection(node.outputs) else [])
+            + (["output"] if outputs.intersection(node.outputs) else []) \
+            + (["channels-last"] if any(t in stored for t in node.outputs) else []) \
+            + (["converted"] if any(t in converted for t in node.outputs) else [])
+        notes = [f"stored {stored[t]}" for t in node.outputs if t in stored] + \
+                [f"converted to {converted[t].to} before {converted[t].before}" for t in node.outputs if t in converted]
         badge = ""
         if len(share) > 1:
             badge = (f'<circle class="badge" cx="{x + NODE_W:.0f}" cy="{y:.0f}" r="7"/>'
                      f'<text class="badge" x="{x + NODE_W:.0f}" y="{y + 3.5:.1f}">{len(share)}</text>')
         marks.append(f'<g class="{" ".join(classes)}" data-node="{_e(node.name)}" '
-                     f'data-kernels="{_e(" ".join(share))}"><title>{_e(_tooltip(graph, node, share))}</title>'
+                     f'data-kernels="{_e(" ".join(share))}">'
+                     f'<title>{_e(chr(10).join([_tooltip(graph, node, share), *notes]))}</title>'
                      f'<rect x="{x:.0f}" y="{y:.1f}" width="{NODE_W}" height="{NODE_H}" rx="3"/>'
                      f'<text x="{x + NODE_W / 2:.0f}" y="{y + 14:.1f}">{_e(_label(node)[:12])}</text>{badge}</g>')
     return marks
@@ -240,4 +247,4 @@ def render_svg(graph: Graph, plan: Plan, colours: dict[str, str] | None = None) 
             f'<g class="bands">{"".join(_band_backgrounds(lay))}</g>'
             f'<g class="edges">{"".join(_edges(graph, lay, owners))}</g>'
             f'<g class="kernels">{"".join(_kernel_groups(graph, plan, lay, colours, owners))}</g>'
-            f'<g class="nodes">{"".join(_node_marks(graph, lay, owners))}</g></svg>')
+            f'<g class="nodes">{"".join(_node_marks(graph, plan, lay, owners))}</g></svg>')

@@ -192,7 +192,7 @@ def _kernel_cells(r: _KernelRow) -> list[str]:
     k, w = r.kernel, r.work
     tag = "measured" if k.measured else "bound"
     return [f'<span class="swatch" style="background:{r.colour}"></span>', f"<b>{_e(k.name)}</b>",
-            _e(k.ops), _e(len(k.nodes)), _e(r.cls), _e(k.backend or "-"),
+            _e(k.ops), _e(len(k.nodes)), _e(r.cls), _e(k.backend or "-"), _e(k.layout.replace("_", "-")),
             f'{_e(_time(k.cost_s))} <span class="tag {tag}">{tag}</span>', _e(_time(k.bound_s)),
             (f'<span title="read {w.bytes_read:,} B, written {w.bytes_written:,} B">'
              f'{_e(_scaled(w.bytes_moved, "B", 1024))}</span>'),
@@ -201,7 +201,7 @@ def _kernel_cells(r: _KernelRow) -> list[str]:
 
 
 def _kernel_table(rows: list[_KernelRow]) -> str:
-    head = ["", "kernel", "ops", ">primitives", "class", "backend", ">latency", ">bound", ">bytes moved",
+    head = ["", "kernel", "ops", ">primitives", "class", "backend", "layout", ">latency", ">bound", ">bytes moved",
             ">FLOPs", ">launches"]
     attrs = [f' id="kernel-{_e(r.kernel.name)}" data-kernel="{_e(r.kernel.name)}"' for r in rows]
     table = _table(head, [_kernel_cells(r) for r in rows], "kernels", attrs)
@@ -213,7 +213,8 @@ def _graph_section(svg: str, graph: Graph) -> str:
             f'<p class="hint">{len(graph.nodes)} primitives in columns by topological depth, wrapped into bands '
             '(read like text; dashed edges cross bands); fill = kernel, red dashed outline + count badge = '
             'computed by several kernels (one stripe each), white = in no kernel, '
-            'thick edge = tensor kept inside a kernel. Hover a node for details; '
+            'thick edge = tensor kept inside a kernel, blue outline = value stored channels-last, orange '
+            'outline = value converted to the other layout. Hover a node for details; '
             'click a node or a kernel row to jump between them; Ctrl+wheel or the buttons zoom, drag pans.</p>'
             '<div class="tools"><button data-zoom="0.8">−</button><button data-zoom="1.25">+</button>'
             '<button data-zoom="fit">fit</button><button data-zoom="1">1:1</button> '
@@ -242,6 +243,7 @@ svg .edges path.wrap{stroke-dasharray:5 4;opacity:.35}
 svg .node rect{fill:transparent;stroke:#333;stroke-width:.8}svg .node text{font:10px sans-serif;text-anchor:middle;
 pointer-events:none}svg .node.redundant rect{stroke:#c00;stroke-width:2.2;stroke-dasharray:4 2}
 svg .node.orphan rect{fill:#fff;stroke-dasharray:2 2}svg .node.output rect{stroke-width:2}
+svg .node.channels-last rect{stroke:#1565c0;stroke-width:2.5}svg .node.converted rect{stroke:#ef6c00;stroke-width:3}
 svg circle.badge{fill:#c00;stroke:#fff}svg text.badge{fill:#fff;font:bold 9px sans-serif}
 svg .node{cursor:pointer}svg.focus .kernel{opacity:.18}svg.focus .kernel.hl{opacity:1}
 svg .kernel.hl rect{stroke:#000;stroke-width:1.5}

@@ -105,11 +105,17 @@ def render_markdown(plan: Plan, rejected: dict[str, int] | None = None, executab
         "",
         "## Kernels in execution order",
         "",
-        "| kernel | ops | primitives | outputs | cost | bound | measured | backend | launches |",
-        "| --- | --- | ---: | --- | ---: | ---: | --- | --- | ---: |",
+        "| kernel | ops | primitives | outputs | cost | bound | measured | backend | launches | layout |",
+        "| --- | --- | ---: | --- | ---: | ---: | --- | --- | ---: | --- |",
         *(f"| {k.name} | {k.ops} | {len(k.nodes)} | {', '.join(k.outputs)} | {_us(k.cost_s)} | {_us(k.bound_s)} "
-          f"| {k.measured} | {k.backend or '-'} | {k.launches} |" for k in plan.kernels),
+          f"| {k.measured} | {k.backend or '-'} | {k.launches} | {k.layout} |" for k in plan.kernels),
     ]
+    if stats.get("layouts") == "chosen":
+        lines += ["", f"Layouts chosen by the program: {sum(k.layout != 'contiguous' for k in plan.kernels)} kernels "
+                      f"channels-last, {len(plan.conversions)} conversions.", ""]
+        if plan.conversions:
+            lines += ["| value | to | cost | before |", "| --- | --- | ---: | --- |",
+                      *(f"| {c.tensor} | {c.to} | {_us(c.cost_s)} | {c.before} |" for c in plan.conversions)]
     lines += _measurement(stats.get("measurement"))
     lines += _executable(executable)
     if rejected:

@@ -58,7 +58,7 @@ import torch
 from korch.backends import ort_gemm, ort_steps
 from korch.backends.torch_ops import is_pointwise_conv, node_function, runs_in_torch
 from korch.errors import KorchError
-from korch.ir.graph import Graph
+from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS, Graph
 from korch.ir.interpret import as_torch
 from korch.ir.ops import Op
 from korch.ir.sizes import SizeFunctions
@@ -66,6 +66,8 @@ from korch.orchestrate.plan import Plan
 
 UNIT_FILE = "model.pt2"
 _TAG = "korch_kernel"
+_LAYOUT = "korch_layout"  # the layout the plan stores a kernel's values in (orchestrate/layouts.py)
+PLANNED = "as planned"    # a unit's boundaries when the plan chose each value's layout
 _CAT = torch.ops.aten.cat.default
 _BMM = torch.ops.aten.bmm.default
 
@@ -80,6 +82,7 @@ class Variant:
     prepack: bool
     ort_kernels: bool = False
     channels_last_boundaries: bool = True  # see kernel_boundaries
+    planned_layouts: bool = False  # each kernel's values stored in the plan's layout instead (kernel_boundaries)
     pointwise_products: bool = True  # see torch_ops._pointwise_conv
 
 
@@ -171,7 +174,7 @@ class PlanModule(torch.nn.Module):
         env = self._constants(graph)
         env.update(zip(self._inputs, inputs))
         for i, kernel_steps in enumerate(steps):
-            with torch.fx.traceback.annotate({_TAG: i}):
+            with torch.fx.traceback.annotate({_TAG: i, _LAYOUT: self._plan.kernels[i].layout}):
                 for fn, ins, outs in kernel_steps:
                     env.update(zip(outs, fn(*[env[n] if n else None for n in ins])))
         # a graph output may be an input or a constant: outputs are fresh tensors the caller owns
@@ -183,11 +186,17 @@ def _kernel_of(fx_node: torch.fx.Node):
     return fx_node.meta.get("custom", {}).get(_TAG)
 
 
+def _planned_layout(fx_node: torch.fx.Node) -> str:
+    return fx_node.meta.get("custom", {}).get(_LAYOUT, CONTIGUOUS)
+
+
 @contextlib.contextmanager
-def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
+def kernel_boundaries(channels_last: bool = True, planned: bool = False) -> Iterator[None]:
     """While active, Inductor keeps planned kernels apart (see the module docstring); with ``channels_last``,
     a 4-D value stored at a boundary is laid out as Inductor's layout optimization wants it
-    (``_lay_out_channels_last``)."""
+    (``_lay_out_channels_last``). With ``planned`` each value is stored in the layout of the kernel that
+    writes it instead (the plan chose them, ``orchestrate/layouts.py``), and only the operations of
+    channels-last kernels prefer channels-last."""
     from torch._inductor import ir
     from torch._inductor.graph import GraphLowering
     from torch._inductor.scheduler import Scheduler
@@ -206,6 +215,9 @@ def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
                 rows.add(n)
         return preferred | rows
 
+    def in_channels_last_kernels(self):
+        return OrderedSet(n for n in self.module.graph.nodes if _planned_layout(n) == CHANNELS_LAST)
+
     def realizing_run_node(self, n):
         kernel = _kernel_of(n)
         for source in n.all_input_nodes:
@@ -213,6 +225,8 @@ def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
                 value = self.env.get(source)
                 if isinstance(value, ir.TensorBox):
                     value.realize()
+        if planned:
+            return _stored_as_planned(self, n, run_node(self, n), kernel)
         if not (channels_last and n in self.nodes_prefer_channels_last):
             return run_node(self, n)
         with _channels_last_concatenation() if n.target is _CAT else contextlib.nullcontext():
@@ -237,7 +251,9 @@ def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
         return can_fuse(self, a, b, *args, **kwargs)
 
     GraphLowering.run_node, Scheduler._can_fuse_impl = realizing_run_node, same_kernel_fuse
-    if channels_last:
+    if planned:
+        GraphLowering.find_nodes_prefer_channels_last = in_channels_last_kernels
+    elif channels_last:
         GraphLowering.find_nodes_prefer_channels_last = preferring_pixel_rows
     try:
         # the compilers' caches (Inductor's FX graph cache, AOTAutograd's) key nothing of these patches: a
@@ -248,6 +264,23 @@ def kernel_boundaries(channels_last: bool = True) -> Iterator[None]:
     finally:
         GraphLowering.run_node, Scheduler._can_fuse_impl = run_node, can_fuse
         GraphLowering.find_nodes_prefer_channels_last = find_preferred
+
+
+def _stored_as_planned(lowering, fx_node: torch.fx.Node, result, kernel):
+    """``result``, a value another kernel reads stored in its kernel's planned layout (where its layout is not
+    fixed yet: a library call's output keeps the layout the library gave it, which the kernel's measurement
+    saw too)."""
+    from torch._inductor import ir
+
+    if not isinstance(result, ir.TensorBox) or not any(_kernel_of(user) != kernel for user in fx_node.users):
+        return result
+    result.realize()
+    if _planned_layout(fx_node) == CHANNELS_LAST:
+        _lay_out_channels_last(result)
+    elif len(result.get_size()) == 4 and ir.is_storage_and_layout(result) and \
+            isinstance(result.get_layout(), ir.FlexibleLayout):
+        ir.as_storage_and_layout(result, freeze=True, want_contiguous=True)
+    return result
 
 
 def _reads_pixel_rows(fx_node: torch.fx.Node) -> bool:
@@ -337,7 +370,7 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
         # them into one malloc'd block, whose alignment follows malloc's history (a ViT block's unit with
         # ATen's GEMMs: 20-21 ms mapped; 21-25 ms copied; 29.5 ms when malloc maps every large block itself)
         with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, \
-                kernel_boundaries(variant.channels_last_boundaries), torch.no_grad(), \
+                kernel_boundaries(variant.channels_last_boundaries, variant.planned_layouts), torch.no_grad(), \
                 torch._inductor.config.patch({"freezing": True, "cpp.weight_prepack": variant.prepack,
                                               "aot_inductor.force_mmap_weights": True}):
             path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))
@@ -350,7 +383,8 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     (``CHOICE_ROUNDS`` rounds, median of the rounds' medians). A variant that fails to compile is left out;
     if all fail, the first failure is raised. A graph with convolutions then has the fastest also compiled with
     NCHW values between its kernels, and the two take turns again; ``config.unit_boundaries`` ("nchw",
-    "channels-last") instead fixes that layout for every variant. A graph with 1x1 convolutions last has the
+    "channels-last") instead fixes that layout for every variant, and a plan that chose each value's layout
+    (``plan.stats["layouts"] == "chosen"``) has every variant store them as planned. A graph with 1x1 convolutions last has the
     fastest compiled with the library's convolutions instead of products, and the two take turns."""
     from korch import config
 
@@ -375,18 +409,22 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         seconds.update({f"{best}, {label}": again[best], name: again[name]})
         return again[name] < again[best]
 
+    planned = plan.stats.get("layouts") == "chosen"  # orchestrate/layouts.py
     for name, variant in VARIANTS.items():
         if not variant.ort_kernels or ort_gemm.any_eligible(graph):  # else nothing for ONNX Runtime to run
-            add(name, dataclasses.replace(variant, channels_last_boundaries=boundaries != "nchw"))
+            add(name, dataclasses.replace(variant, channels_last_boundaries=boundaries != "nchw",
+                                          planned_layouts=planned))
     if not built:
         raise errors[0] if errors else KorchError("no compiled unit: no variant applies to this graph")
     inputs = example_inputs(graph, device)
     seconds = _median_seconds({name: b.unit for name, b in built.items()}, inputs, device)
     best = min(seconds, key=seconds.get) if seconds else next(iter(built))
     choice = {"weights": best}
-    if convolutions:
+    if planned:
+        choice["boundaries"] = PLANNED
+    elif convolutions:
         choice["boundaries"] = "NCHW" if boundaries == "nchw" else "channels-last"
-    if convolutions and boundaries == "measured":
+    if convolutions and boundaries == "measured" and not planned:
         nchw = f"{best}, NCHW between kernels"
         if challenge(best, nchw, {"channels_last_boundaries": False}, "channels-last between kernels"):
             best, choice["boundaries"] = nchw, "NCHW"
@@ -413,6 +451,7 @@ def chosen_variant(choice: dict) -> Variant:
     """The variant a ``choose_unit`` choice (a manifest's ``unit``) names."""
     return dataclasses.replace(VARIANTS[choice["weights"]],
                                channels_last_boundaries=choice.get("boundaries") != "NCHW",
+                               planned_layouts=choice.get("boundaries") == PLANNED,
                                pointwise_products=choice.get("pointwise convolutions") != "library")
 
 

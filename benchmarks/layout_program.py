@@ -23,7 +23,7 @@ def program_size(name: str) -> dict:
     from korch.backends.registry import BackendPredicate, backends_for
     from korch.cost import candidate_bounds, get_device
     from korch.orchestrate.candidates import enumerate_candidates
-    from korch.orchestrate.layouts import conversion_floor, with_layouts
+    from korch.orchestrate.layouts import contiguous_columns, conversion_floor, with_layouts
     from korch.orchestrate.partition import partition
     from korch.orchestrate.problem import segment_problem
     from korch.orchestrate.solver import solve
@@ -42,7 +42,7 @@ def program_size(name: str) -> dict:
         for segment in partition(graph, cset, max_segment_nodes=config.max_segment_nodes):
             problem, ids, moves = segment_problem(graph, cset, segment, bounds,
                                                   lambda m: conversion_floor(graph, m, device))
-            solve(problem)
+            solve(problem, first=contiguous_columns(cset, ids, moves))
             columns, conversions = columns + len(problem.costs), conversions + len(moves)
         row[label] = {"columns": columns, "conversion_columns": conversions,
                       "solve_s": round(time.perf_counter() - started, 2)}

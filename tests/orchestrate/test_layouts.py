@@ -27,10 +27,15 @@ def _graph(shape=IMAGE) -> tuple[Graph, Builder]:
     return g, Builder(g, "n")
 
 
+def _pool(b: Builder, x: str) -> str:
+    """A 1x1 max pool: a window operation, so that the graph's values have layouts (``with_layouts``)."""
+    return b.emit(Op.MAX_POOL, x, kernel=(1, 1), strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1))
+
+
 def chain() -> Graph:
-    """relu -> exp -> (neg, add with the input): a fork and a join of 4-D values."""
+    """pool -> exp -> (neg, add with the input): a fork and a join of 4-D values."""
     g, b = _graph()
-    a = b.emit(Op.RELU, "in0")
+    a = _pool(b, "in0")
     e = b.emit(Op.EXP, a)
     n = b.emit(Op.NEG, e)
     g.outputs = [b.emit(Op.ADD, n, "in0"), e]
@@ -39,7 +44,7 @@ def chain() -> Graph:
 
 def diamond() -> Graph:
     g, b = _graph()
-    a = b.emit(Op.SIGMOID, "in0")
+    a = _pool(b, "in0")
     left, right = b.emit(Op.EXP, a), b.emit(Op.NEG, a)
     g.outputs = [b.emit(Op.MUL, left, right)]
     return g
@@ -48,7 +53,7 @@ def diamond() -> Graph:
 def with_flat_tail() -> Graph:
     """A 4-D value reshaped to 2-D: the 2-D one has no layouts."""
     g, b = _graph()
-    a = b.emit(Op.RELU, "in0")
+    a = _pool(b, "in0")
     flat = b.reshape(a, (1, 36))
     g.outputs = [b.emit(Op.EXP, flat)]
     return g
@@ -126,6 +131,13 @@ def test_cheap_channels_last_kernels_are_chosen_with_their_conversions():
     # every kernel channels-last: the input converted in, both outputs converted out
     assert objective == pytest.approx(brute_force(graph, base, cost, move_cost))
     assert objective < 10.0
+
+
+def test_a_graph_without_convolutions_or_pools_gets_no_layout_columns():
+    g, b = _graph()
+    g.outputs = [b.emit(Op.EXP, b.emit(Op.RELU, "in0"))]
+    base = enumerate_candidates(g, max_nodes=3)
+    assert with_layouts(g, base) is base
 
 
 def test_layout_columns_and_conversions():

@@ -8,9 +8,9 @@ chooses it with the kernels, to the same proven optimum.
 
 How, without a new kind of constraint (docs/orchestration.md, "Layouts"):
 
-* ``with_layouts`` gives every candidate that reads or writes a value with
-  layouts (``ir.subgraph.has_layouts``: a 4-D floating-point activation)
-  a second column: the same primitives with every such value stored
+* ``with_layouts`` gives every candidate of a graph with convolutions or
+  pools that reads or writes a value with layouts (``ir.subgraph.has_layouts``:
+  a 4-D floating-point activation) a second column: the same primitives with every such value stored
   channels-last (its signature suffixed, measured on its own).
 * In the program a value in a layout is a tensor id of its own
   (``stored_name``): a contiguous kernel needs and writes ``t``, a
@@ -31,8 +31,13 @@ from collections.abc import Iterable
 
 from korch.cost import Device, KernelWork, lower_bound
 from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS, Graph
+from korch.ir.ops import WINDOW, Op
 from korch.ir.subgraph import has_layouts
 from korch.orchestrate.candidates import Candidate, CandidateSet
+
+
+# the operations whose libraries read images faster in one layout than another
+SPATIAL = frozenset({Op.CONV, Op.CONV_TRANSPOSE, *WINDOW})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +60,11 @@ def laid_out(graph: Graph, candidate: Candidate) -> tuple[str, ...]:
 
 def with_layouts(graph: Graph, candidates: CandidateSet) -> CandidateSet:
     """``candidates`` and, after them, a channels-last column of each one that reads or writes a value with
-    layouts (a new id, the signature suffixed with the layout)."""
+    layouts (a new id, the signature suffixed with the layout). A graph without convolutions or pools has none:
+    its 4-D values are attention's heads, which no library reads faster channels-last, and measuring them twice
+    would only cost time."""
+    if not any(node.op in SPATIAL for node in graph.nodes):
+        return candidates
     found = list(candidates.candidates)
     for c in candidates.candidates:
         if c.layout == CONTIGUOUS and laid_out(graph, c):
@@ -80,3 +89,12 @@ def conversion_floor(graph: Graph, conversion: Conversion, device: Device) -> fl
     """Seconds no conversion can beat: the value read once and written once."""
     size = graph.tensors[conversion.tensor].nbytes
     return lower_bound(device, KernelWork(bytes_read=size, bytes_written=size, vector_flops=0, matrix_flops=0))
+
+
+def contiguous_columns(candidates: CandidateSet, ids, moves) -> list[bool] | None:
+    """Which columns of a segment's program (``problem.segment_problem``: candidates ``ids``, then ``moves``)
+    are contiguous kernels, the smaller program whose optimum starts the search (``Solver.solve``'s
+    ``first``); None for a program without layout columns."""
+    if not moves:
+        return None
+    return [candidates.candidates[c].layout == CONTIGUOUS for c in ids] + [False] * len(moves)

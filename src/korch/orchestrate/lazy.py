@@ -43,12 +43,14 @@ class LazyResult:
 
 def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, *,
                  measured: Mapping[int, float] | None = None, time_limit: float | None = None,
+                 first: Sequence[bool] | None = None,
                  on_round: Callable[[int, int], None] | None = None) -> LazyResult:
     """The cheapest executable plan under measured latencies, measuring as few candidates as it can.
 
     ``problem.costs`` is ignored: a candidate costs ``measured[c]`` when known
     (passed in, say from a database, or measured by an earlier round) and
     ``bounds[c]`` otherwise. A latency of ``math.inf`` excludes the candidate.
+    ``first``: the columns whose optimum starts the first solve (``Solver.solve``).
     ``time_limit`` applies to each solve; if the last solve stops at it, the
     plan is flagged not optimal and its gap is against a valid lower bound.
     ``on_round(round, count)`` is called before each round's measurement with
@@ -65,7 +67,7 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     rounds = 0
     while True:
         costs = [known.get(c, bound) for c, bound in enumerate(bounds)]
-        solution = solver.solve(costs, time_limit=time_limit)
+        solution = solver.solve(costs, time_limit=time_limit, first=first)
         rounds += 1
         todo = [c for c in solution.order if c not in known]
         if not todo:

@@ -66,6 +66,8 @@ def segment_problem(graph: Graph, candidates: CandidateSet, segment: Segment, co
         return tensor_id.setdefault(name, len(tensor_id))
 
     ids = list(segment.candidate_ids)
+    moves = conversions(graph, (candidates.candidates[c] for c in ids))
+    converted = {m.tensor for m in moves}
     needs, produces = [], []
     for cid in ids:
         cand = candidates.candidates[cid]
@@ -76,18 +78,27 @@ def segment_problem(graph: Graph, candidates: CandidateSet, segment: Segment, co
 
         # a value from outside the segment is given contiguous: stored otherwise, a conversion writes it
         needs.append(tuple(tid(name(t)) for t in cand.inputs if t in inside or t in stored))
-        produces.append(tuple(tid(name(t)) for t in cand.outputs) + tuple(tid(_computed(v)) for v in sorted(cand.nodes)))
-    moves = conversions(graph, (candidates.candidates[c] for c in ids))
+        produces.append(tuple(tid(name(t)) for t in cand.outputs)
+                        + tuple(tid(_written(t, cand.layout if t in stored else CONTIGUOUS))
+                                for t in cand.outputs if t in converted)
+                        + tuple(tid(_computed(v)) for v in sorted(cand.nodes)))
     move_costs = []
     for move in moves:
-        source = stored_name(move.tensor, move.source)
-        needs.append((tid(source),) if move.tensor in inside or source != move.tensor else ())
+        # a conversion copies what a kernel wrote, never what the opposite conversion wrote: two conversions
+        # feeding each other would be a cycle that a fractional solution rides (YOLOv4: 85 s to solve, not 3)
+        needs.append((tid(_written(move.tensor, move.source)),) if move.tensor in inside else
+                     (tid(stored_name(move.tensor, move.source)),) if move.source != CONTIGUOUS else ())
         produces.append((tid(stored_name(move.tensor, move.to)),))
         move_costs.append(conversion_costs(move))
     computed = [tid(_computed(v)) for v in sorted(segment.nodes)]
     problem = Problem(costs=tuple(costs[c] for c in ids) + tuple(move_costs), needs=tuple(needs),
                       produces=tuple(produces), required=tuple(tid(t) for t in required) + tuple(computed))
     return problem, ids, moves
+
+
+def _written(tensor: str, layout: str) -> str:
+    """The program's name of ``tensor`` as a kernel (not a conversion) wrote it in ``layout``."""
+    return f"\0written:{layout}:{tensor}"
 
 
 def _computed(node_index: int) -> str:

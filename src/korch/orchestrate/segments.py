@@ -19,7 +19,7 @@ from korch.ir import Graph
 from korch.orchestrate.candidates import CandidateSet
 from korch.orchestrate.lazy import solve_lazily
 from korch.orchestrate.partition import Segment
-from korch.orchestrate.layouts import Conversion
+from korch.orchestrate.layouts import Conversion, contiguous_columns
 from korch.orchestrate.plan import PlannedConversion, PlannedKernel, SegmentReport
 from korch.orchestrate.problem import segment_problem
 from korch.orchestrate.signature import describe
@@ -49,17 +49,18 @@ class _SegmentOracle:
         return {c: got[self.ids[c]] for c in local_ids}
 
 
-def _solve_segment(problem, ids, bounds, measurer, time_limit):
+def _solve_segment(problem, ids, bounds, measurer, time_limit, first):
     """The segment's solution, with measured latencies when a measurer is given: (solution, latency by local id).
-    Local ids past ``ids`` are layout conversions, priced in ``problem.costs`` already."""
+    Local ids past ``ids`` are layout conversions, priced in ``problem.costs`` already; ``first``, the columns
+    whose optimum starts the search (``Solver.solve``)."""
     if measurer is None:
-        return solve(problem, time_limit=time_limit), {}
+        return solve(problem, time_limit=time_limit, first=first), {}
     moves = range(len(ids), len(problem.costs))
     local_bounds = [bounds[i] for i in ids] + [problem.costs[c] for c in moves]
     known = measurer.known(ids)
     measured = {c: known[i] for c, i in enumerate(ids) if i in known} | {c: problem.costs[c] for c in moves}
     result = solve_lazily(problem, local_bounds, _SegmentOracle(measurer, ids), measured=measured,
-                          time_limit=time_limit)
+                          time_limit=time_limit, first=first)
     return result.solution, {**measured, **result.measured}
 
 
@@ -78,7 +79,8 @@ def solve_segments(graph: Graph, candidates: CandidateSet, segments: Sequence[Se
             on_segment(number, len(segments))
         problem, ids, conversions = segment_problem(graph, candidates, segment, bounds, conversion_cost)
         remaining = None if deadline is None else max(deadline - time.perf_counter(), 0.5)
-        solution, latencies = _solve_segment(problem, ids, bounds, measurer, remaining)
+        solution, latencies = _solve_segment(problem, ids, bounds, measurer, remaining,
+                                             contiguous_columns(candidates, ids, conversions))
         for local in solution.order:
             if local >= len(ids):
                 move = conversions[local - len(ids)]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import highspy
@@ -49,18 +50,19 @@ class Solution:
     cycle_cuts: int             # lazy cycle-breaking constraints added
 
 
-def solve(problem: Problem, *, time_limit: float | None = None) -> Solution:
+def solve(problem: Problem, *, time_limit: float | None = None, first: Sequence[bool] | None = None) -> Solution:
     """The cheapest executable orchestration of ``problem``.
 
     With ``time_limit`` (seconds of wall time for the whole call), returns the
     best executable plan found by then, ``optimal=False`` and its gap if the
     optimum is not proven. Raises ``InfeasibleError`` when no plan exists.
+    ``first``: see ``Solver.solve``.
     """
     start = time.perf_counter()
     solver = Solver(problem)
     if time_limit is not None:
         time_limit = max(0.0, time_limit - (time.perf_counter() - start))
-    solution = solver.solve(time_limit=time_limit)
+    solution = solver.solve(time_limit=time_limit, first=first)
     return dataclasses.replace(solution, seconds=time.perf_counter() - start)
 
 
@@ -86,13 +88,18 @@ class Solver:
         self.structural = ix.relevant(ix.mask(order))
         self.h, self.upper = _build_model(ix, self.structural, cutsets)
 
-    def solve(self, costs=None, *, time_limit: float | None = None) -> Solution:
-        """The cheapest executable plan under ``costs`` (default: the problem's)."""
+    def solve(self, costs=None, *, time_limit: float | None = None, first: Sequence[bool] | None = None) -> Solution:
+        """The cheapest executable plan under ``costs`` (default: the problem's). ``first``: the columns of a
+        smaller program solved before, when this solver has no plan yet, whose optimum starts the search (a
+        program with layout columns starts from its contiguous kernels: their optimum is often the whole
+        program's, and proving it then takes one relaxation)."""
         start = time.perf_counter()
         deadline = math.inf if time_limit is None else start + time_limit
         costs = list(self.problem.costs if costs is None else costs)
         if len(costs) != self.ix.n or any(not c >= 0 for c in costs):
             raise ValueError("costs must be one value >= 0 per candidate")
+        if first is not None and not self.last:
+            self.solve([c if keep else math.inf for c, keep in zip(costs, first)], time_limit=time_limit)
         ix, h = self.ix, self.h
         allowed = [s and math.isfinite(c) for s, c in zip(self.structural, costs)]
         order, level, tlevel = ix.run(allowed)
@@ -113,8 +120,11 @@ class Solver:
             best = min(best, self.last, key=value)
         lower, proven = 0.0, False
         while not proven and time.perf_counter() < deadline:
-            x, bound, exact = self._dive(alive, deadline)
+            x, bound, exact = self._dive(alive, deadline, value(best))
             lower = max(lower, bound)
+            if value(best) <= lower * (1 + _TOLERANCE):  # the plan in hand costs the relaxation's bound
+                proven = True
+                break
             if not exact:
                 if x is not None:  # a good start for branch and cut
                     chosen = [c for c in range(ix.n) if alive[c] and x[c] > _CHOSEN]
@@ -139,11 +149,13 @@ class Solver:
         gap = 0.0 if proven else (objective - lower) / objective
         return Solution(tuple(best), objective, proven, gap, time.perf_counter() - start, self.cycle_cuts)
 
-    def _dive(self, alive: list[bool], deadline: float) -> tuple[np.ndarray | None, float, bool]:
+    def _dive(self, alive: list[bool], deadline: float, incumbent: float = math.inf) \
+            -> tuple[np.ndarray | None, float, bool]:
         """Solve the LP relaxation, then fix its largest fractional x to 1 and re-solve until
         the solution is integral (the relaxation often has many optimal vertices, most of
         them fractional, and branch and cut can take long to pick an integral one). Once the
         objective rises above the relaxation's, fix a quarter of the fractional x at a time.
+        No dive when a plan costing ``incumbent`` meets the relaxation's bound already.
 
         Returns (x or None, the relaxation's bound, whether x costs no more than that bound).
         """
@@ -159,6 +171,8 @@ class Solver:
                     x = None
                     break
                 objective = h.getInfo().objective_function_value
+                if root is None and incumbent * self.scale <= objective * (1 + _TOLERANCE):
+                    return None, objective / self.scale, False
                 root = objective if root is None else root
                 exact = objective <= root + _TOLERANCE * abs(root)
                 x = np.array(h.getSolution().col_value[:n])

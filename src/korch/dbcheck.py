@@ -45,7 +45,8 @@ def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequ
     from korch.backends.registry import BackendPredicate, backends_for
     from korch.cost import candidate_bounds, get_device
     from korch.orchestrate.candidates import enumerate_candidates
-    from korch.pipeline import load_model
+    from korch.orchestrate.layouts import with_layouts
+    from korch.pipeline import chooses_layouts, load_model
 
     device = get_device(target)
     with warnings.catch_warnings():
@@ -53,7 +54,10 @@ def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequ
         _, graph, _ = load_model(model, input_shapes)
     backends = backends_for(target)
     candidates = enumerate_candidates(graph, max_nodes=max_kernel_nodes or config.max_kernel_nodes,
-                                      predicate=BackendPredicate(backends)).candidates
+                                      predicate=BackendPredicate(backends))
+    if chooses_layouts(target, "measured"):  # the channels-last columns a measured search measured too
+        candidates = with_layouts(graph, candidates)
+    candidates = candidates.candidates
     bounds = candidate_bounds(graph, candidates, device)
     floor: dict[str, tuple[float, str]] = {}
     for candidate, bound in zip(candidates, bounds):

@@ -82,3 +82,31 @@ def test_an_unwritten_output_fails_its_check():
         def __call__(self, *inputs, out=None):
             return list(out)  # leaves the poisoned buffer
     assert not check(Lazy(), graph).ok
+
+
+@pytest.mark.parametrize("case", ["conv_bias_relu", "pool_add", "instance_norm_relu_pad"])
+def test_a_channels_last_kernel_reads_and_writes_channels_last(case):
+    """A kernel graph whose 4-D values are stored channels-last (``extract(..., layout=)``): Inductor builds it for
+    channels-last inputs and outputs, and it checks against the reference (which sees values, not strides); the
+    backends that read contiguous tensors only decline it."""
+    import torch
+
+    from korch.backends.base import stored_as
+    from korch.backends.check import RandomArena
+    from korch.backends.triton.backend import TritonBackend
+    from korch.ir.graph import CHANNELS_LAST
+
+    contiguous = cases.ALL[case]()
+    graph = extract(contiguous, range(len(contiguous.nodes)), contiguous.inputs, contiguous.outputs,
+                    layout=CHANNELS_LAST)
+    assert {graph.tensors[t].layout for t in (*graph.inputs, *graph.outputs)} == {CHANNELS_LAST}
+    built = InductorBackend().build(graph, "cpu")
+    assert check(built, graph).ok
+    inputs = RandomArena().inputs(graph)
+    assert all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs)
+    (out,) = built(*inputs)
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    (want,) = InductorBackend().build(contiguous, "cpu")(*[stored_as(x, "contiguous") for x in inputs])
+    torch.testing.assert_close(out, want)
+    assert "contiguous boundaries only" in LibraryBackend().claims(graph)
+    assert "contiguous boundaries only" in TritonBackend().claims(graph)

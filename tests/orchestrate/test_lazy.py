@@ -42,7 +42,8 @@ def test_lazy_plan_is_the_plan_of_measuring_everything(seed):
     assert result.solution.optimal and executes(p, result.solution.order)
     assert set(result.solution.order) <= set(result.measured)
     assert len(oracle.asked) == len(set(oracle.asked)) == len(result.measured)  # nothing measured twice
-    assert sum(k for _, k in rounds) == len(result.measured) and len(rounds) == result.rounds - 1
+    # every solve but the last measures, except those that prove an unproven plan all of whose kernels are measured
+    assert sum(k for _, k in rounds) == len(result.measured) and len(rounds) < result.rounds
     print(f"measured {len(result.measured)} of {len(bounds)} candidates in {result.rounds} solves")
     assert len(result.measured) < len(bounds) / 2
 
@@ -53,7 +54,7 @@ def test_known_latencies_are_not_measured_again():
     first = solve_lazily(p, bounds, oracle)
     again = Oracle(bounds)
     second = solve_lazily(p, bounds, again, measured=first.measured)
-    assert again.asked == [] and second.measured == {} and second.rounds == 1
+    assert again.asked == [] and second.measured == {} and second.rounds <= 2  # a dive, then its proof
     assert second.solution.objective == pytest.approx(first.solution.objective, rel=1e-12)
 
 

@@ -3,9 +3,9 @@
 Every candidate starts at its lower bound (``korch.cost``: no kernel can beat
 it); measured candidates cost their measured latency. Solve, measure the
 unmeasured kernels the plan selected, re-solve; stop when the plan selects only
-measured kernels and is proven optimal (a round's solve may stop after
-``QUICK_SOLVE_S`` with its best plan so far: measuring what that plan selects
-is as good a next step, and only the last round must prove the optimum). That plan is optimal for the true latencies (the argument is
+measured kernels and is proven optimal (a round before may take the plan of
+the relaxation's dive unproven: measuring what it selects is as good a next
+step, and only the last round must prove the optimum). That plan is optimal for the true latencies (the argument is
 in docs/orchestration.md), usually after measuring a small part of the
 candidates. The solver keeps its model and cuts between rounds.
 """
@@ -24,10 +24,6 @@ from korch.orchestrate.solver import Solution, Solver
 # A measured latency may sit this far (relative) below its bound before the
 # oracle counts as broken: float noise, not a faster kernel.
 BOUND_TOLERANCE = 1e-9
-# Seconds a round's solve may take before measuring what its best plan so far selects. Only the last round,
-# whose plan is all measured, must prove its optimum; rounds before only choose what to measure next. (Layout
-# programs are harder to prove than to solve: Candy's took 11 s a round to prove, 0.3 s to find.)
-QUICK_SOLVE_S = 2.0
 
 
 class OracleError(KorchError):
@@ -73,8 +69,10 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     rounds, quick = 0, True
     while True:
         costs = [known.get(c, bound) for c, bound in enumerate(bounds)]
-        limit = min(QUICK_SOLVE_S, time_limit or math.inf) if quick else time_limit
-        solution = solver.solve(costs, time_limit=limit, first=first)
+        # only the last round, whose plan is all measured, must prove its optimum; rounds before only choose what
+        # to measure next, and the relaxation's dive chooses as well (Candy's layout program: 11 s a round to
+        # prove, 0.2 s to dive)
+        solution = solver.solve(costs, time_limit=time_limit, first=first, prove=not quick)
         rounds += 1
         todo = [c for c in solution.order if c not in known]
         if not todo and (solution.optimal or not quick):

@@ -88,8 +88,11 @@ class Solver:
         self.structural = ix.relevant(ix.mask(order))
         self.h, self.upper = _build_model(ix, self.structural, cutsets)
 
-    def solve(self, costs=None, *, time_limit: float | None = None, first: Sequence[bool] | None = None) -> Solution:
-        """The cheapest executable plan under ``costs`` (default: the problem's). ``first``: the columns of a
+    def solve(self, costs=None, *, time_limit: float | None = None, first: Sequence[bool] | None = None,
+              prove: bool = True) -> Solution:
+        """The cheapest executable plan under ``costs`` (default: the problem's). ``prove=False``: the plan of the
+        relaxation's dive, without branch and cut to prove it (optimal only if the dive reached the bound).
+        ``first``: the columns of a
         smaller program solved before, when this solver has no plan yet, whose optimum starts the search (a
         program with layout columns starts from its contiguous kernels: their optimum is often the whole
         program's, and proving it then takes one relaxation)."""
@@ -129,6 +132,8 @@ class Solver:
                 if x is not None:  # a good start for branch and cut
                     chosen = [c for c in range(ix.n) if alive[c] and x[c] > _CHOSEN]
                     best = min(best, ix.repair(chosen, allowed, level, costs), key=value)
+                if not prove:
+                    break
                 x, bound, exact = self._mip(best, deadline)
                 lower = max(lower, bound)
             if x is None:

@@ -195,8 +195,9 @@ def kernel_boundaries(channels_last: bool = True, planned: bool = False) -> Iter
     """While active, Inductor keeps planned kernels apart (see the module docstring); with ``channels_last``,
     a 4-D value stored at a boundary is laid out as Inductor's layout optimization wants it
     (``_lay_out_channels_last``). With ``planned`` each value is stored in the layout of the kernel that
-    writes it instead (the plan chose them, ``orchestrate/layouts.py``), and only the operations of
-    channels-last kernels prefer channels-last."""
+    writes it instead (the plan chose them, ``orchestrate/layouts.py``); inside a kernel Inductor's rule
+    applies as when the kernel was measured alone, and every operation of a channels-last kernel prefers
+    channels-last."""
     from torch._inductor import ir
     from torch._inductor.graph import GraphLowering
     from torch._inductor.scheduler import Scheduler
@@ -216,7 +217,10 @@ def kernel_boundaries(channels_last: bool = True, planned: bool = False) -> Iter
         return preferred | rows
 
     def in_channels_last_kernels(self):
-        return OrderedSet(n for n in self.module.graph.nodes if _planned_layout(n) == CHANNELS_LAST)
+        # Inductor's own rule inside each kernel, as when the kernel was measured alone; every operation of a
+        # channels-last kernel prefers channels-last too
+        return _preferred_within_kernels(self.module.graph) | OrderedSet(
+            n for n in self.module.graph.nodes if _planned_layout(n) == CHANNELS_LAST)
 
     def realizing_run_node(self, n):
         kernel = _kernel_of(n)
@@ -264,6 +268,27 @@ def kernel_boundaries(channels_last: bool = True, planned: bool = False) -> Iter
     finally:
         GraphLowering.run_node, Scheduler._can_fuse_impl = run_node, can_fuse
         GraphLowering.find_nodes_prefer_channels_last = find_preferred
+
+
+def _preferred_within_kernels(graph: torch.fx.Graph):
+    """Inductor's rule of which operations prefer channels-last (``find_nodes_prefer_channels_last``: a
+    convolution, what it is computed from, what is computed from it), followed only within each planned
+    kernel: what Inductor did when it compiled the kernel alone and korch measured it."""
+    from torch._inductor.graph import is_mkldnn_conv
+    from torch.utils._ordered_set import OrderedSet
+
+    def convolution(n) -> bool:
+        return n.target is torch.ops.aten.convolution.default or is_mkldnn_conv(n)
+
+    preferred = OrderedSet()
+    for n in reversed(graph.nodes):
+        if convolution(n) or (n.target is not _BMM and
+                              any(u in preferred and _kernel_of(u) == _kernel_of(n) for u in n.users)):
+            preferred.add(n)
+    for n in graph.nodes:
+        if n in preferred:
+            preferred.update(u for u in n.users if u.target is not _BMM and _kernel_of(u) == _kernel_of(n))
+    return preferred
 
 
 def _stored_as_planned(lowering, fx_node: torch.fx.Node, result, kernel):

@@ -16,8 +16,8 @@ How, without a new kind of constraint (docs/orchestration.md, "Layouts"):
   (``stored_name``): a contiguous kernel needs and writes ``t``, a
   channels-last one ``t`` stored channels-last.
 * ``conversions`` are columns too: each copies one value into the other layout
-  (it needs the value in one, and writes it in the other). A graph input, an
-  output, and a value crossing segments are contiguous.
+  (it needs the value as a kernel wrote it in one, and writes it in the other).
+  A graph input, an output, and a value crossing segments are contiguous.
 
 The executable honours the chosen layouts where it compiles the plan as one
 unit (``runtime/unit.py``); the kernel-by-kernel executables read and write

@@ -167,7 +167,8 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
     with stage("candidate kernels"):
         candidates = enumerate_candidates(graph, max_nodes=max_kernel_nodes or config.max_kernel_nodes,
                                           predicate=BackendPredicate(backends_for(target)))
-        if chooses_layouts(target, cost):
+        layouts = chooses_layouts(target, cost)
+        if layouts:
             candidates = with_layouts(graph, candidates)
     with stage("partition"):
         segments = partition_at(graph, candidates, cuts) if cuts else partition(
@@ -193,7 +194,7 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
              "stage_seconds": dict(stage.seconds)}  # the planning stages
     if measurer is not None:
         stats["measurement"] = measurement_stats(measurer)
-    if chooses_layouts(target, cost):
+    if layouts:
         stats["layouts"] = "chosen"
     plan = Plan(model=graph.name, target=device.name, cost_model=cost, kernels=tuple(kernels),
                 segments=tuple(segment_reports), stats=stats, conversions=tuple(conversions))

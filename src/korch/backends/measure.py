@@ -49,7 +49,7 @@ from korch.backends.db import ProfileDB, Record
 from korch.backends.registry import backends_for, device_for
 from korch.backends.timing import rotation_sets, time_kernel
 from korch.cost.devices import get_device
-from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS, Graph, Node, Tensor
+from korch.ir.graph import Graph, Node, Tensor, other_layout
 from korch.ir.ops import Op
 from korch.ir.subgraph import extract
 
@@ -223,9 +223,9 @@ class KernelMeasurer:
         timed once per shape in a process (a few milliseconds each), not kept in the database."""
         key = (tensor.shape, tensor.dtype, to)
         if key not in self._conversions:
-            source = CONTIGUOUS if to == CHANNELS_LAST else CHANNELS_LAST
             self._arena.reset()
-            sets = rotation_sets(lambda i: self._arena.take(tensor.dtype, tensor.shape, source), 2 * tensor.nbytes,
+            sets = rotation_sets(lambda i: self._arena.take(tensor.dtype, tensor.shape, other_layout(to)),
+                                 2 * tensor.nbytes,
                                  device=self.device)
             outputs = [stored_as(torch.empty_like(x), to) for x in sets]
             self._conversions[key] = time_kernel(lambda i: outputs[i].copy_(sets[i]), device=self.device,

@@ -24,6 +24,11 @@ CHANNELS_LAST = "channels_last"  # a 4-D value stored N, H, W, C (torch.channels
 LAYOUTS = (CONTIGUOUS, CHANNELS_LAST)
 
 
+def other_layout(layout: str) -> str:
+    """The layout a conversion from ``layout`` writes (there are two)."""
+    return CONTIGUOUS if layout == CHANNELS_LAST else CHANNELS_LAST
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Tensor:
     """A named value with a static shape, a numpy dtype name, and how it is stored (``LAYOUTS``)."""

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import dataclasses
 
-from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS, Graph, Tensor
+from korch.ir.graph import CONTIGUOUS, Graph, Tensor
 
 
 def has_layouts(tensor: Tensor) -> bool:
@@ -47,9 +47,3 @@ def extract(graph: Graph, node_indices: Iterable[int], inputs: Sequence[str], ou
             if has_layouts(sub.tensors[tensor]):
                 sub.tensors[tensor] = dataclasses.replace(sub.tensors[tensor], layout=layout)
     return sub
-
-
-def boundary_layout(kernel: Graph) -> str:
-    """The layout a kernel graph stores its laid-out inputs and outputs in (``extract``'s ``layout``)."""
-    return CHANNELS_LAST if any(kernel.tensors[t].layout == CHANNELS_LAST
-                                for t in (*kernel.inputs, *kernel.outputs)) else CONTIGUOUS

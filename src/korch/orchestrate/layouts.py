@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from korch.cost import Device, KernelWork, lower_bound
-from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS, Graph
+from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS, Graph, other_layout
 from korch.ir.ops import WINDOW, Op
 from korch.ir.subgraph import has_layouts
 from korch.orchestrate.candidates import Candidate, CandidateSet
@@ -49,7 +49,7 @@ class Conversion:
 
     @property
     def source(self) -> str:
-        return CONTIGUOUS if self.to == CHANNELS_LAST else CHANNELS_LAST
+        return other_layout(self.to)
 
 
 def laid_out(graph: Graph, candidate: Candidate) -> tuple[str, ...]:

@@ -75,13 +75,12 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         solution = solver.solve(costs, time_limit=time_limit, first=first, prove=not quick)
         rounds += 1
         todo = [c for c in solution.order if c not in known]
-        if not todo and (solution.optimal or not quick):
-            return LazyResult(solution, fresh, rounds)
-        # a quick round's plan, all measured but not proven optimal: the next round proves it (or finds
-        # candidates to measure, and quick rounds go on)
-        quick = bool(todo)
         if not todo:
+            if solution.optimal or not quick:
+                return LazyResult(solution, fresh, rounds)
+            quick = False  # a dive's plan, all measured but unproven: the next round proves it or measures more
             continue
+        quick = True
         if on_round is not None:
             on_round(rounds, len(todo))
         answers = oracle.measure(todo)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from korch.ir.graph import CONTIGUOUS
 from korch.orchestrate.plan import Plan
 
 
@@ -111,7 +112,7 @@ def render_markdown(plan: Plan, rejected: dict[str, int] | None = None, executab
           f"| {k.measured} | {k.backend or '-'} | {k.launches} | {k.layout} |" for k in plan.kernels),
     ]
     if stats.get("layouts") == "chosen":
-        lines += ["", f"Layouts chosen by the program: {sum(k.layout != 'contiguous' for k in plan.kernels)} kernels "
+        lines += ["", f"Layouts chosen by the program: {sum(k.layout != CONTIGUOUS for k in plan.kernels)} kernels "
                       f"channels-last, {len(plan.conversions)} conversions.", ""]
         if plan.conversions:
             lines += ["| value | to | cost | before |", "| --- | --- | ---: | --- |",

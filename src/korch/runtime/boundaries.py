@@ -71,7 +71,7 @@ def kernel_boundaries(channels_last: bool = True, planned: bool = False) -> Iter
                 if isinstance(value, ir.TensorBox):
                     value.realize()
         if planned:
-            return _stored_as_planned(self, n, run_node(self, n), kernel)
+            return _stored_as_planned(n, run_node(self, n), kernel)
         if not (channels_last and n in self.nodes_prefer_channels_last):
             return run_node(self, n)
         with _channels_last_concatenation() if n.target is _CAT else contextlib.nullcontext():
@@ -132,7 +132,7 @@ def _preferred_within_kernels(graph: torch.fx.Graph):
     return preferred
 
 
-def _stored_as_planned(lowering, fx_node: torch.fx.Node, result, kernel):
+def _stored_as_planned(fx_node: torch.fx.Node, result, kernel):
     """``result``, a value another kernel reads stored in its kernel's planned layout (where its layout is not
     fixed yet: a library call's output keeps the layout the library gave it, which the kernel's measurement
     saw too)."""

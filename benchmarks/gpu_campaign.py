@@ -239,6 +239,7 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, help="kernel-building processes (default: korch's)")
     parser.add_argument("--smoke-limit", type=float, help="seconds the smoke phase's tests may take at most")
     parser.add_argument("--models", help="comma-separated zoo names for every model phase instead of each phase's own")
+    parser.add_argument("--measured-models", help="comma-separated zoo names for the measured phase (after --models)")
     parser.add_argument("--peers", help="comma-separated peers for every model phase instead of each phase's own")
     parser.add_argument("--dry-run", action="store_true", help="every phase on this CPU, a tiny model, minutes")
     args = parser.parse_args(argv)
@@ -256,6 +257,9 @@ def main(argv=None) -> int:
         if args.models:
             chosen = tuple(Model(f"zoo:{name}") for name in args.models.split(","))
             setting = dataclasses.replace(setting, models={phase: chosen for phase in setting.models})
+        if args.measured_models:
+            measured = tuple(Model(f"zoo:{name}") for name in args.measured_models.split(","))
+            setting = dataclasses.replace(setting, models={**setting.models, "measured": measured})
         if not args.dry_run and setting.target == "cpu":
             parser.error("no GPU here: use --dry-run on a CPU")
         campaign = Campaign(args.out, setting, args.deadline, 0 if args.dry_run else args.reserve, args.jobs,

@@ -193,3 +193,33 @@ def test_a_build_worker_compiles_the_kernel_the_parent_times(monkeypatch):
         torch.set_num_threads(threads)
     # (a process's first build also preprocesses Inductor's header, to key its caches: not a kernel)
     assert [c for c in compiles if c.get_target_file_path().endswith(".so")] == []
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_timing_while_workers_build_measures_every_kernel_once(tmp_path, jobs):
+    """On a GPU each kernel is timed as soon as its worker is done (``time_while_building``); the records are
+    those of building everything first: one per (signature, backend), in the order asked, all checked."""
+    from korch.backends.registry import BackendPredicate, backends_for
+    from korch.cost import candidate_bounds, get_device
+    from korch.orchestrate.candidates import enumerate_candidates
+    from korch.pipeline import load_model
+
+    _, graph, _ = load_model(_model())
+    candidates = enumerate_candidates(graph, max_nodes=2, predicate=BackendPredicate(backends_for("cpu"))).candidates
+    bounds = candidate_bounds(graph, candidates, get_device("cpu"))
+    measured = {}
+    for overlap in (False, True):
+        measurer = measure.KernelMeasurer(graph, candidates, bounds, target="cpu", jobs=jobs,
+                                          db=ProfileDB(tmp_path / f"{overlap}.sqlite"))
+        measurer.time_while_building = overlap
+        asked = []
+        measurer.on_kernel = asked.append
+        try:
+            latencies = measurer.measure(range(len(candidates)))
+        finally:
+            measurer.close()
+        assert len(asked) == measurer.stats.measured > 0 and not measurer.stats.failures
+        assert all(0 < latencies[c] < float("inf") for c in range(len(candidates)))
+        # which backend is fastest may differ from run to run; what was measured may not
+        measured[overlap] = sorted((s, r is not None) for s, r in measurer.best.items())
+    assert measured[True] == measured[False]

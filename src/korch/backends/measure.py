@@ -14,7 +14,8 @@ Builds and checks run in parallel worker processes (``jobs``), in chunks of
 kernels whose C++ compiles in one compiler run (``cpp_batch.py``); they fill
 the compilers' on-disk caches, so the main process rebuilds from cache and
 times kernels one at a time (timings taken in parallel would disturb each
-other).
+other). On a GPU it times each kernel as soon as its worker is done, while
+the others build; on a CPU, whose cores the builds occupy, after the last.
 
 A kernel is timed through its Python call (a compiled Inductor function, a
 torch operator), a path the executable does not take: a CPU executable is one
@@ -36,7 +37,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -73,8 +74,9 @@ class MeasureStats:
     from_db: int = 0          # of those, answered from the database alone
     measured: int = 0         # kernels built, checked and timed here (signature x backend)
     below_bound: int = 0      # measurements under the lower bound, raised to it
-    build_s: float = 0.0      # wall seconds building and checking kernels (workers in parallel)
-    timing_s: float = 0.0     # wall seconds timing them (one at a time, in this process)
+    build_s: float = 0.0      # wall seconds waiting for kernels to be built and checked (workers in parallel)
+    timing_s: float = 0.0     # wall seconds timing them (one at a time, in this process; on a GPU while
+                              # workers build the next ones)
     failures: list[Failure] = dataclasses.field(default_factory=list)
 
 
@@ -165,6 +167,7 @@ class KernelMeasurer:
         self._calling_s: dict[str, float] = {}  # backend -> its calling cost (see the module docstring)
         self._arena = RandomArena(self.device)  # the timing inputs
         self._conversions: dict[tuple, float] = {}  # (shape, dtype, layout) -> seconds (conversion_s)
+        self.time_while_building = self.device != "cpu"  # see _checked_builds
 
     # -- the oracle ---------------------------------------------------------------------
 
@@ -274,60 +277,71 @@ class KernelMeasurer:
             self.stats.failures += [Failure(s, _ops(kernels[s]), r.backend, r.status, r.message)
                                     for r in found[s] if not r.ok]
 
-    def _checked_builds(self, todo, kernels, chunk: int = BUILD_CHUNK) -> list[_Checked]:
+    def _checked_builds(self, todo, kernels, chunk: int = BUILD_CHUNK) -> Iterator[tuple[int, _Checked]]:
+        """(index into ``todo``, its build checked) for every kernel of ``todo``. With ``time_while_building``
+        (a GPU: timings run on the device, builds on the host's cores) each comes as its worker finishes, so the
+        caller times it while the workers build the rest; otherwise all come after the last build, as
+        timings taken beside running builds on the same cores would be disturbed."""
         # on a GPU every kernel is built and checked in a worker, alone: a variant that faults (an illegal
         # address) poisons its process's CUDA context, which must not be this one
         if self.device == "cpu" and (self.jobs == 1 or len(todo) < 2):
-            return [_build_and_check(b, kernels[s], self.device) for s, b in todo]
+            yield from ((i, _build_and_check(b, kernels[s], self.device)) for i, (s, b) in enumerate(todo))
+            return
         if self._pool is None:
             self._pool = workers.pool(self.jobs)
         cpu = self.device == "cpu"
         chunks = _chunks(len(todo), self.jobs, chunk if cpu else 1)
         threads = torch.get_num_threads() if cpu else 1  # a GPU kernel's code does not depend on it
-        futures = [self._pool.submit(_worker, self.target, [(kernels[todo[i][0]], todo[i][1].name) for i in c],
-                                     self.device, precision.current().name, threads) for c in chunks]
-        results: list[_Checked | None] = [None] * len(todo)
+        futures = {self._pool.submit(_worker, self.target, [(kernels[todo[i][0]], todo[i][1].name) for i in c],
+                                     self.device, precision.current().name, threads): c for c in chunks}
+        finished = concurrent.futures.as_completed(futures) if self.time_while_building else list(
+            concurrent.futures.as_completed(futures))
         alone, died = [], False
-        for indices, future in zip(chunks, futures):
+        for future in finished:
+            indices = futures[future]
             try:
-                for i, checked in zip(indices, future.result()):
-                    results[i] = checked
+                yield from zip(indices, future.result())
             except Exception as exc:  # the worker died (a faulting kernel): a failed build of it, not the run
                 died = True
                 if len(indices) > 1:
                     alone += indices  # which kernel killed it is not known: each is built again alone
                 else:
-                    results[indices[0]] = _Checked("build_failed", "worker died: " + one_line(exc, MESSAGE_CHARS))
+                    yield indices[0], _Checked("build_failed", "worker died: " + one_line(exc, MESSAGE_CHARS))
         if died:
             self.close()  # a broken pool takes no more work: the next batch starts a fresh one
         if alone:
-            for i, checked in zip(alone, self._checked_builds([todo[i] for i in alone], kernels, chunk=1)):
-                results[i] = checked
-        return results
+            again = self._checked_builds([todo[i] for i in alone], kernels, chunk=1)
+            yield from ((alone[j], checked) for j, checked in again)
 
     def _measure(self, todo: list[tuple[str, Backend]], kernels: Mapping[str, Graph]) -> list[Record]:
-        records = []
-        started = time.perf_counter()
-        built = self._checked_builds(todo, kernels)
-        self.stats.build_s += time.perf_counter() - started
-        for (s, backend), checked in zip(todo, built):
-            if self.on_kernel:
-                self.on_kernel(f"{backend.name} {_ops(kernels[s])}")
-            latency, variant = None, None
-            status, message, error, launches = checked.status, checked.message, checked.max_rel_error, checked.launches
-            if status == "ok":
-                started = time.perf_counter()
-                try:
-                    latency, variant, launches = self._time(checked.built or backend.build(kernels[s], self.device),
-                                                            kernels[s], checked.variants)
-                except Exception as exc:
-                    status, message = "timing_failed", one_line(exc, MESSAGE_CHARS)
-                self.stats.timing_s += time.perf_counter() - started
-            records.append(Record(signature=s, device=self.device_key, backend=backend.name,
-                                  backend_version=self.versions[backend.name], status=status, latency_s=latency,
-                                  message=message, launches=launches, variant=variant, max_rel_error=error))
-            self.stats.measured += 1
-        return records
+        records: list[Record | None] = [None] * len(todo)
+        builds = self._checked_builds(todo, kernels)
+        while True:
+            started = time.perf_counter()
+            done = next(builds, None)
+            self.stats.build_s += time.perf_counter() - started
+            if done is None:
+                return records
+            i, checked = done
+            records[i] = self._timed_record(*todo[i], kernels[todo[i][0]], checked)
+
+    def _timed_record(self, s: str, backend: Backend, kernel: Graph, checked: _Checked) -> Record:
+        if self.on_kernel:
+            self.on_kernel(f"{backend.name} {_ops(kernel)}")
+        latency, variant = None, None
+        status, message, error, launches = checked.status, checked.message, checked.max_rel_error, checked.launches
+        if status == "ok":
+            started = time.perf_counter()
+            try:
+                latency, variant, launches = self._time(checked.built or backend.build(kernel, self.device),
+                                                        kernel, checked.variants)
+            except Exception as exc:
+                status, message = "timing_failed", one_line(exc, MESSAGE_CHARS)
+            self.stats.timing_s += time.perf_counter() - started
+        self.stats.measured += 1
+        return Record(signature=s, device=self.device_key, backend=backend.name,
+                      backend_version=self.versions[backend.name], status=status, latency_s=latency,
+                      message=message, launches=launches, variant=variant, max_rel_error=error)
 
     def _time(self, built, kernel: Graph, variants: Sequence[int]) -> tuple[float, dict | None, int]:
         """(median seconds, chosen launch variant among the checked ``variants``, launches); a kernel built by a

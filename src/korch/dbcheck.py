@@ -48,7 +48,9 @@ def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequ
     from korch.orchestrate.layouts import with_layouts
     from korch.pipeline import chooses_layouts, load_model
 
-    device = get_device(target)
+    from korch import precision
+
+    device = get_device(target, exact_float32=not precision.current().tf32)  # the floors the search used
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, graph, _ = load_model(model, input_shapes)

@@ -146,7 +146,10 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
     from korch.orchestrate.partition import load_cut_points, partition, partition_at
 
     progress = progress or Progress()
-    device = get_device(target)  # an unknown target fails here, before any work
+    from korch import precision
+
+    # an unknown target fails here, before any work; exact float32 products run at the FMA rate
+    device = get_device(target, exact_float32=not precision.current().tf32)
     if cost not in COST_MODELS:
         raise KorchError(f"unknown cost model {cost!r}; known: {', '.join(COST_MODELS)}")
     if time_limit is not None and time_limit <= 0:

@@ -29,6 +29,17 @@ def test_gpus_are_ordered_by_generation():
     assert tf32["h200"] == tf32["h100"] > tf32["a100"] > tf32["v100"]
 
 
+@pytest.mark.parametrize("name", sorted(GPUS))
+def test_exact_float32_products_are_bounded_by_the_fma_peak(name):
+    """Under the fp32 policy (TF32 off) a GPU multiplies float32 on its FMA units: a product's floor takes the
+    vector peak, still at or above what a GPU was measured to reach (an H100: 51.7 TFLOP/s with cuBLAS)."""
+    tensor, exact = get_device(name), get_device(name, exact_float32=True)
+    assert exact.matrix_peak("float32") == min(tensor.vector_peak(), tensor.matrix_peak("float32"))
+    assert exact.matrix_peak("float16") == tensor.matrix_peak("float16")
+    if name == "h100":
+        assert tensor.matrix_peak("float32") / exact.matrix_peak("float32") > 7 and exact.matrix_peak() >= 51.7e12
+
+
 def test_datasheet_numbers_are_dense_not_sparse():
     h100, a100, v100 = get_device("h100"), get_device("a100"), get_device("v100")
     assert h100.memory_bandwidth == 3.35e12 and get_device("h200").memory_bandwidth == 4.8e12

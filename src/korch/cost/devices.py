@@ -175,11 +175,20 @@ def cpu_device_from(record: dict) -> Device:
     )
 
 
-def get_device(target: str) -> Device:
-    """The device named ``target``: one of ``KNOWN_TARGETS``; "cpu" is this host, probed once and cached."""
+def get_device(target: str, exact_float32: bool = False) -> Device:
+    """The device named ``target``: one of ``KNOWN_TARGETS``; "cpu" is this host, probed once and cached.
+
+    ``exact_float32``: float32 products computed exactly (the ``fp32`` precision policy, TF32 off), so a GPU
+    multiplies them on its FMA units: their matrix rate is the vector peak, not the TF32 tensor-core rate
+    (an H100: 66.9 against 494.7 TFLOP/s; measured there, 51.7 with cuBLAS).
+    """
     name = target.lower()
     if name == "cpu":
         return cpu_device_from(probe.cpu_record())
     if name in GPUS:
-        return GPUS[name]
+        device = GPUS[name]
+        if exact_float32:
+            exact = min(device.matrix_peak("float32"), device.vector_peak("float32"))
+            device = dataclasses.replace(device, matrix_flops={**device.matrix_flops, "float32": exact})
+        return device
     raise KorchError(f"unknown target {target!r}; known: {', '.join(KNOWN_TARGETS)}")

@@ -196,9 +196,10 @@ def test_a_build_worker_compiles_the_kernel_the_parent_times(monkeypatch):
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_timing_while_workers_build_measures_every_kernel_once(tmp_path, jobs):
-    """On a GPU each kernel is timed as soon as its worker is done (``time_while_building``); the records are
-    those of building everything first: one per (signature, backend), in the order asked, all checked."""
+def test_kernels_timed_in_the_build_workers_are_those_timed_here(tmp_path, monkeypatch, jobs):
+    """On a GPU the build workers time their kernels themselves, one at a time under a lock
+    (``time_in_workers``); what comes back is what timing here gives: every kernel measured once, checked,
+    with a latency."""
     from korch.backends.registry import BackendPredicate, backends_for
     from korch.cost import candidate_bounds, get_device
     from korch.orchestrate.candidates import enumerate_candidates
@@ -208,10 +209,14 @@ def test_timing_while_workers_build_measures_every_kernel_once(tmp_path, jobs):
     candidates = enumerate_candidates(graph, max_nodes=2, predicate=BackendPredicate(backends_for("cpu"))).candidates
     bounds = candidate_bounds(graph, candidates, get_device("cpu"))
     measured = {}
-    for overlap in (False, True):
+    timed_here = []  # kernels this process timed (spawned workers run the module unpatched)
+    real = measure._time_checked
+    monkeypatch.setattr(measure, "_time_checked", lambda checked, *a, **k: timed_here.append(1) or real(checked, *a, **k))
+    for in_workers in (False, True):
+        timed_here.clear()
         measurer = measure.KernelMeasurer(graph, candidates, bounds, target="cpu", jobs=jobs,
-                                          db=ProfileDB(tmp_path / f"{overlap}.sqlite"))
-        measurer.time_while_building = overlap
+                                          db=ProfileDB(tmp_path / f"{in_workers}.sqlite"))
+        measurer.time_in_workers = in_workers
         asked = []
         measurer.on_kernel = asked.append
         try:
@@ -220,6 +225,8 @@ def test_timing_while_workers_build_measures_every_kernel_once(tmp_path, jobs):
             measurer.close()
         assert len(asked) == measurer.stats.measured > 0 and not measurer.stats.failures
         assert all(0 < latencies[c] < float("inf") for c in range(len(candidates)))
+        assert measurer.stats.timing_s > 0
+        assert bool(timed_here) == (jobs == 1 or not in_workers)
         # which backend is fastest may differ from run to run; what was measured may not
-        measured[overlap] = sorted((s, r is not None) for s, r in measurer.best.items())
+        measured[in_workers] = sorted((s, r is not None) for s, r in measurer.best.items())
     assert measured[True] == measured[False]

@@ -72,6 +72,7 @@ def test_a_worker_that_dies_fails_its_kernel_and_the_next_batch_gets_a_fresh_poo
 
     measurer = KernelMeasurer.__new__(KernelMeasurer)
     measurer.device, measurer.jobs, measurer.target, measurer._pool = "cuda", 2, "h100", DeadPool()
+    measurer.time_in_workers, measurer._device_lock = True, None
     graph = kernel([helper.make_node("Relu", ["x"], ["y"])], {"x": (4,)}, {"y": (4,)})
 
     class Backend:
@@ -102,9 +103,10 @@ def test_cpu_kernels_are_built_in_chunks_and_a_dead_chunk_is_built_again_kernel_
         def shutdown(self, cancel_futures=False):
             pass
 
-    monkeypatch.setattr(workers, "pool", lambda jobs: DeadPool())
+    monkeypatch.setattr(workers, "pool", lambda jobs, initializer=None: DeadPool())
     measurer = KernelMeasurer.__new__(KernelMeasurer)
     measurer.device, measurer.jobs, measurer.target, measurer._pool = "cpu", 2, "cpu", None
+    measurer.time_in_workers, measurer._device_lock = False, None
     graph = kernel([helper.make_node("Relu", ["x"], ["y"])], {"x": (4,)}, {"y": (4,)})
 
     class Backend:

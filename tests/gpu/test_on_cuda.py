@@ -65,3 +65,22 @@ def test_a_zoo_executable_matches_onnx_runtime_replayed(tmp_path, name):
     check_result = result.executable.check
     assert check_result.ok and check_result.replayed, check_result.summary()
     assert result.manifest["cuda_graph"] is True and result.manifest["device"] == "cuda"
+
+
+def test_a_measured_search_times_in_its_build_workers_and_its_plan_checks(tmp_path, monkeypatch):
+    """On a GPU the build workers time their kernels (one at a time, under a lock); this process times none,
+    and the plan made of their timings runs and matches ONNX Runtime."""
+    from korch.backends import measure
+    from korch.pipeline import optimize
+    from tests.backends.test_measure import _model
+
+    timed_here = []
+    real = measure._time_checked
+    monkeypatch.setattr(measure, "_time_checked", lambda *a, **k: timed_here.append(1) or real(*a, **k))
+    with config.patch(compiled_unit=False):
+        result = optimize(_model(), output=tmp_path / "out", cost="measured", db=tmp_path / "p.sqlite", jobs=2,
+                          max_kernel_nodes=3)
+    stats = result.plan.stats["measurement"]
+    assert stats["kernels_measured"] > 0 and stats["timing_s"] > 0 and not timed_here
+    assert all(k.measured for k in result.plan.kernels)
+    assert result.executable.check.ok and result.executable.check.replayed

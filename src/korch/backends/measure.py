@@ -14,8 +14,12 @@ Builds and checks run in parallel worker processes (``jobs``), in chunks of
 kernels whose C++ compiles in one compiler run (``cpp_batch.py``); they fill
 the compilers' on-disk caches, so the main process rebuilds from cache and
 times kernels one at a time (timings taken in parallel would disturb each
-other). On a GPU it times each kernel as soon as its worker is done, while
-the others build; on a CPU, whose cores the builds occupy, after the last.
+other). On a GPU the workers time their kernels themselves, one worker at a
+time (a lock): timings run on the device while the others compile on the
+host's cores, and no kernel is rebuilt here (the H100's BERT-layer search
+spent 187 s timing in the main process, most of it rebuilding from caches,
+after 106 s of builds). On a CPU the builds occupy the cores a timing needs,
+so this process times after the last build.
 
 A kernel is timed through its Python call (a compiled Inductor function, a
 torch operator), a path the executable does not take: a CPU executable is one
@@ -33,11 +37,14 @@ a fresh process, sets them itself.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import functools
 import math
+import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -74,9 +81,9 @@ class MeasureStats:
     from_db: int = 0          # of those, answered from the database alone
     measured: int = 0         # kernels built, checked and timed here (signature x backend)
     below_bound: int = 0      # measurements under the lower bound, raised to it
-    build_s: float = 0.0      # wall seconds waiting for kernels to be built and checked (workers in parallel)
-    timing_s: float = 0.0     # wall seconds timing them (one at a time, in this process; on a GPU while
-                              # workers build the next ones)
+    build_s: float = 0.0      # wall seconds building and checking kernels (workers in parallel; on a GPU they
+                              # time them too)
+    timing_s: float = 0.0     # seconds timing them, one at a time (in this process; on a GPU in the workers)
     failures: list[Failure] = dataclasses.field(default_factory=list)
 
 
@@ -97,6 +104,9 @@ class _Checked:
     launches: int = 0
     built: object = None      # the kernel, when it was built in this process
     variants: tuple[int, ...] = ()  # the launch variants that check (Triton kernels), the only ones timed
+    latency_s: float | None = None  # once timed (in a worker on a GPU: see _worker)
+    variant: dict | None = None     # the launch variant the timing chose
+    timing_s: float = 0.0           # seconds the timing took
 
 
 def _build(backend: Backend, kernel: Graph, device: str) -> tuple[object, _Checked | None]:
@@ -123,9 +133,20 @@ def _build_and_check(backend: Backend, kernel: Graph, device: str) -> _Checked:
     return failed or _check_built(built, kernel, device)
 
 
-def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy: str, threads: int) -> list[_Checked]:
+# In a build worker on a GPU: the lock every worker holds while it times, so that timings run one at a time
+_DEVICE_LOCK = None
+
+
+def _hold_device_lock(lock) -> None:
+    global _DEVICE_LOCK
+    _DEVICE_LOCK = lock
+
+
+def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy: str, threads: int,
+            timed: bool = False) -> list[_Checked]:
     """Build and check ``jobs`` (kernel, backend name) in a build worker: every kernel is built before any is
-    checked, so that the C++ of Inductor's kernels compiles in one compiler run (``cpp_batch``)."""
+    checked, so that the C++ of Inductor's kernels compiles in one compiler run (``cpp_batch``). ``timed``:
+    time each kernel that checks here too, holding the pool's device lock (a GPU: see ``KernelMeasurer``)."""
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     # the parent's thread count, not one: Inductor writes it into a CPU kernel's parallel loops, so a kernel
     # built here for one thread is not the one the parent times, which it would compile again (0.5-3 s each)
@@ -136,9 +157,44 @@ def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy:
             builds = [_build(backends[name], kernel, device) for kernel, name in jobs]
         batch.compile()
         checked = [failed or _check_built(built, kernel, device) for (built, failed), (kernel, _) in zip(builds, jobs)]
+        if timed:
+            arena = RandomArena(device)
+            for result, (kernel, _) in zip(checked, jobs):
+                _time_checked(result, kernel, arena, device, _DEVICE_LOCK or contextlib.nullcontext())
     for result in checked:
         result.built = None  # kernels do not cross processes; the main process rebuilds from the caches
     return checked
+
+
+def _time_checked(checked: _Checked, kernel: Graph, arena: RandomArena, device: str, lock,
+                  rebuild: Callable[[], object] | None = None) -> None:
+    """Time a kernel that checked into ``checked`` (its latency, launch variant, seconds taken), rebuilding it
+    with ``rebuild`` where it was built elsewhere; a timing that fails makes it ``timing_failed``."""
+    if checked.status != "ok":
+        return
+    try:
+        built = checked.built or rebuild()
+        with lock:
+            started = time.perf_counter()
+            checked.latency_s, checked.variant, checked.launches = _time_built(built, kernel, checked.variants,
+                                                                               arena, device)
+            checked.timing_s = time.perf_counter() - started
+    except Exception as exc:
+        checked.status, checked.message = "timing_failed", one_line(exc, MESSAGE_CHARS)
+
+
+def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomArena, device: str) \
+        -> tuple[float, dict | None, int]:
+    """(median seconds, chosen launch variant among the checked ``variants``, launches)."""
+    nbytes = sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs))
+    arena.reset()
+    sets = rotation_sets(lambda i: arena.inputs(kernel), nbytes, device=device)
+    variant = None
+    if _tunes(built, device):  # Triton: keep the fastest launch variant
+        built.tune(lambda call: time_kernel(lambda i: call(), device=device).median_s, sets[0], variants)
+        variant = {"variant": built.variant.describe()}
+    seconds = time_kernel(lambda i: built(*sets[i]), device=device, rotate=len(sets)).median_s
+    return seconds, variant, built.launches
 
 
 def _chunks(count: int, jobs: int, size: int) -> list[list[int]]:
@@ -167,7 +223,10 @@ class KernelMeasurer:
         self._calling_s: dict[str, float] = {}  # backend -> its calling cost (see the module docstring)
         self._arena = RandomArena(self.device)  # the timing inputs
         self._conversions: dict[tuple, float] = {}  # (shape, dtype, layout) -> seconds (conversion_s)
-        self.time_while_building = self.device != "cpu"  # see _checked_builds
+        # on a GPU the build workers time too, one at a time under this lock (timings on the device, builds on
+        # the host's cores); on a CPU the builds would disturb timings taken beside them: this process times
+        self.time_in_workers = self.device != "cpu"
+        self._device_lock = multiprocessing.get_context("spawn").Lock()
 
     # -- the oracle ---------------------------------------------------------------------
 
@@ -277,84 +336,57 @@ class KernelMeasurer:
             self.stats.failures += [Failure(s, _ops(kernels[s]), r.backend, r.status, r.message)
                                     for r in found[s] if not r.ok]
 
-    def _checked_builds(self, todo, kernels, chunk: int = BUILD_CHUNK) -> Iterator[tuple[int, _Checked]]:
-        """(index into ``todo``, its build checked) for every kernel of ``todo``. With ``time_while_building``
-        (a GPU: timings run on the device, builds on the host's cores) each comes as its worker finishes, so the
-        caller times it while the workers build the rest; otherwise all come after the last build, as
-        timings taken beside running builds on the same cores would be disturbed."""
+    def _checked_builds(self, todo, kernels, chunk: int = BUILD_CHUNK) -> list[_Checked]:
         # on a GPU every kernel is built and checked in a worker, alone: a variant that faults (an illegal
         # address) poisons its process's CUDA context, which must not be this one
         if self.device == "cpu" and (self.jobs == 1 or len(todo) < 2):
-            yield from ((i, _build_and_check(b, kernels[s], self.device)) for i, (s, b) in enumerate(todo))
-            return
+            return [_build_and_check(b, kernels[s], self.device) for s, b in todo]
         if self._pool is None:
-            self._pool = workers.pool(self.jobs)
+            self._pool = workers.pool(self.jobs, functools.partial(_hold_device_lock, self._device_lock))
         cpu = self.device == "cpu"
         chunks = _chunks(len(todo), self.jobs, chunk if cpu else 1)
         threads = torch.get_num_threads() if cpu else 1  # a GPU kernel's code does not depend on it
-        futures = {self._pool.submit(_worker, self.target, [(kernels[todo[i][0]], todo[i][1].name) for i in c],
-                                     self.device, precision.current().name, threads): c for c in chunks}
-        finished = concurrent.futures.as_completed(futures) if self.time_while_building else list(
-            concurrent.futures.as_completed(futures))
+        futures = [self._pool.submit(_worker, self.target, [(kernels[todo[i][0]], todo[i][1].name) for i in c],
+                                     self.device, precision.current().name, threads, self.time_in_workers)
+                   for c in chunks]
+        results: list[_Checked | None] = [None] * len(todo)
         alone, died = [], False
-        for future in finished:
-            indices = futures[future]
+        for indices, future in zip(chunks, futures):
             try:
-                yield from zip(indices, future.result())
+                for i, checked in zip(indices, future.result()):
+                    results[i] = checked
             except Exception as exc:  # the worker died (a faulting kernel): a failed build of it, not the run
                 died = True
                 if len(indices) > 1:
                     alone += indices  # which kernel killed it is not known: each is built again alone
                 else:
-                    yield indices[0], _Checked("build_failed", "worker died: " + one_line(exc, MESSAGE_CHARS))
+                    results[indices[0]] = _Checked("build_failed", "worker died: " + one_line(exc, MESSAGE_CHARS))
         if died:
             self.close()  # a broken pool takes no more work: the next batch starts a fresh one
         if alone:
-            again = self._checked_builds([todo[i] for i in alone], kernels, chunk=1)
-            yield from ((alone[j], checked) for j, checked in again)
+            for i, checked in zip(alone, self._checked_builds([todo[i] for i in alone], kernels, chunk=1)):
+                results[i] = checked
+        return results
 
     def _measure(self, todo: list[tuple[str, Backend]], kernels: Mapping[str, Graph]) -> list[Record]:
-        records: list[Record | None] = [None] * len(todo)
-        builds = self._checked_builds(todo, kernels)
-        while True:
-            started = time.perf_counter()
-            done = next(builds, None)
-            self.stats.build_s += time.perf_counter() - started
-            if done is None:
-                return records
-            i, checked = done
-            records[i] = self._timed_record(*todo[i], kernels[todo[i][0]], checked)
-
-    def _timed_record(self, s: str, backend: Backend, kernel: Graph, checked: _Checked) -> Record:
-        if self.on_kernel:
-            self.on_kernel(f"{backend.name} {_ops(kernel)}")
-        latency, variant = None, None
-        status, message, error, launches = checked.status, checked.message, checked.max_rel_error, checked.launches
-        if status == "ok":
-            started = time.perf_counter()
-            try:
-                latency, variant, launches = self._time(checked.built or backend.build(kernel, self.device),
-                                                        kernel, checked.variants)
-            except Exception as exc:
-                status, message = "timing_failed", one_line(exc, MESSAGE_CHARS)
-            self.stats.timing_s += time.perf_counter() - started
-        self.stats.measured += 1
-        return Record(signature=s, device=self.device_key, backend=backend.name,
-                      backend_version=self.versions[backend.name], status=status, latency_s=latency,
-                      message=message, launches=launches, variant=variant, max_rel_error=error)
-
-    def _time(self, built, kernel: Graph, variants: Sequence[int]) -> tuple[float, dict | None, int]:
-        """(median seconds, chosen launch variant among the checked ``variants``, launches); a kernel built by a
-        worker is rebuilt here from the compilers' on-disk caches."""
-        nbytes = sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs))
-        self._arena.reset()
-        sets = rotation_sets(lambda i: self._arena.inputs(kernel), nbytes, device=self.device)
-        variant = None
-        if _tunes(built, self.device):  # Triton: keep the fastest launch variant
-            built.tune(lambda call: time_kernel(lambda i: call(), device=self.device).median_s, sets[0], variants)
-            variant = {"variant": built.variant.describe()}
-        seconds = time_kernel(lambda i: built(*sets[i]), device=self.device, rotate=len(sets)).median_s
-        return seconds, variant, built.launches
+        records = []
+        started = time.perf_counter()
+        built = self._checked_builds(todo, kernels)
+        self.stats.build_s += time.perf_counter() - started
+        for (s, backend), checked in zip(todo, built):
+            kernel = kernels[s]
+            if self.on_kernel:
+                self.on_kernel(f"{backend.name} {_ops(kernel)}")
+            if checked.latency_s is None:  # built and checked here, or in a worker that does not time
+                _time_checked(checked, kernel, self._arena, self.device, contextlib.nullcontext(),
+                              rebuild=lambda: backend.build(kernel, self.device))
+            self.stats.timing_s += checked.timing_s
+            records.append(Record(signature=s, device=self.device_key, backend=backend.name,
+                                  backend_version=self.versions[backend.name], status=checked.status,
+                                  latency_s=checked.latency_s, message=checked.message, launches=checked.launches,
+                                  variant=checked.variant, max_rel_error=checked.max_rel_error))
+            self.stats.measured += 1
+        return records
 
 
 def _tunes(built, device: str) -> bool:

@@ -52,7 +52,9 @@ class SearchEstimate:
 
     def minutes(self, work: Work) -> float:
         compiling = sum(n * self.compile_s.get(cls, self.mean_compile_s) for cls, n in work.compiles.items())
-        return (compiling / self.jobs + work.timed_variants * self.timing_s) / 60
+        # the build workers compile in parallel; each times its kernels on the device while the others
+        # compile, one worker at a time (backends/measure.py): the longer of the two is the search
+        return max(compiling / self.jobs, work.timed_variants * self.timing_s) / 60
 
     @property
     def mean_compile_s(self) -> float:

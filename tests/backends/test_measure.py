@@ -230,3 +230,21 @@ def test_kernels_timed_in_the_build_workers_are_those_timed_here(tmp_path, monke
         # which backend is fastest may differ from run to run; what was measured may not
         measured[in_workers] = sorted((s, r is not None) for s, r in measurer.best.items())
     assert measured[True] == measured[False]
+
+
+def test_a_device_lock_never_released_delays_a_timing_but_does_not_hang_it(monkeypatch):
+    """A build worker that died holding the device lock (a GPU search) leaves it taken: the others time
+    without it after ``DEVICE_LOCK_WAIT_S`` instead of waiting forever."""
+    import multiprocessing
+
+    lock = multiprocessing.get_context("spawn").Lock()
+    lock.acquire()  # held by a worker that died
+    monkeypatch.setattr(measure, "DEVICE_LOCK_WAIT_S", 0.05)
+    ran = []
+    with measure._device_held(lock):
+        ran.append(1)
+    assert ran and not lock.acquire(block=False)  # still taken: not released by one that never held it
+    free = multiprocessing.get_context("spawn").Lock()
+    with measure._device_held(free):
+        assert not free.acquire(block=False)  # held inside
+    assert free.acquire(block=False)  # released after

@@ -44,7 +44,7 @@ import math
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -135,11 +135,22 @@ def _build_and_check(backend: Backend, kernel: Graph, device: str) -> _Checked:
 
 # In a build worker on a GPU: the lock every worker holds while it times, so that timings run one at a time
 _DEVICE_LOCK = None
+DEVICE_LOCK_WAIT_S = 120  # a worker that died holding the lock must not hang the search: time without it
 
 
 def _hold_device_lock(lock) -> None:
     global _DEVICE_LOCK
     _DEVICE_LOCK = lock
+
+
+@contextlib.contextmanager
+def _device_held(lock) -> Iterator[None]:
+    held = lock is not None and lock.acquire(timeout=DEVICE_LOCK_WAIT_S)
+    try:
+        yield
+    finally:
+        if held:
+            lock.release()
 
 
 def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy: str, threads: int,
@@ -160,21 +171,22 @@ def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy:
         if timed:
             arena = RandomArena(device)
             for result, (kernel, _) in zip(checked, jobs):
-                _time_checked(result, kernel, arena, device, _DEVICE_LOCK or contextlib.nullcontext())
+                _time_checked(result, kernel, arena, device, _DEVICE_LOCK)
     for result in checked:
         result.built = None  # kernels do not cross processes; the main process rebuilds from the caches
     return checked
 
 
-def _time_checked(checked: _Checked, kernel: Graph, arena: RandomArena, device: str, lock,
+def _time_checked(checked: _Checked, kernel: Graph, arena: RandomArena, device: str, lock=None,
                   rebuild: Callable[[], object] | None = None) -> None:
-    """Time a kernel that checked into ``checked`` (its latency, launch variant, seconds taken), rebuilding it
-    with ``rebuild`` where it was built elsewhere; a timing that fails makes it ``timing_failed``."""
+    """Time a kernel that checked into ``checked`` (its latency, launch variant, seconds taken), holding
+    ``lock`` if any and rebuilding the kernel with ``rebuild`` where it was built elsewhere; a timing that
+    fails makes it ``timing_failed``."""
     if checked.status != "ok":
         return
     try:
         built = checked.built or rebuild()
-        with lock:
+        with _device_held(lock):
             started = time.perf_counter()
             checked.latency_s, checked.variant, checked.launches = _time_built(built, kernel, checked.variants,
                                                                                arena, device)
@@ -378,7 +390,7 @@ class KernelMeasurer:
             if self.on_kernel:
                 self.on_kernel(f"{backend.name} {_ops(kernel)}")
             if checked.latency_s is None:  # built and checked here, or in a worker that does not time
-                _time_checked(checked, kernel, self._arena, self.device, contextlib.nullcontext(),
+                _time_checked(checked, kernel, self._arena, self.device,
                               rebuild=lambda: backend.build(kernel, self.device))
             self.stats.timing_s += checked.timing_s
             records.append(Record(signature=s, device=self.device_key, backend=backend.name,

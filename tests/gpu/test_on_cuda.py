@@ -1,8 +1,9 @@
 """On a GPU (marked ``gpu``: skipped without CUDA; the campaign runs them first, ``TRITON_INTERPRET=0``): every
 kernel class korch's Triton generator writes, and Inductor's and the libraries' kernels, built for CUDA and
 checked against the reference executor into poisoned outputs, at several shapes and under both precision
-policies; each launch variant that the search could choose checks; a whole zoo model's executable matches ONNX
-Runtime on its first call and on a replayed CUDA graph."""
+policies; each launch variant that the search could choose checks; Triton kernels stored channels-last check; a
+measured search times in its build workers; a whole zoo model's executable matches ONNX Runtime on its first call
+and on a replayed CUDA graph."""
 
 import pytest
 
@@ -84,3 +85,16 @@ def test_a_measured_search_times_in_its_build_workers_and_its_plan_checks(tmp_pa
     assert stats["kernels_measured"] > 0 and stats["timing_s"] > 0 and not timed_here
     assert all(k.measured for k in result.plan.kernels)
     assert result.executable.check.ok and result.executable.check.replayed
+
+
+@pytest.mark.parametrize("case", ["conv_bias_relu", "pool_add", "instance_norm_relu_pad", "transpose_scale"])
+def test_a_channels_last_triton_kernel_checks_on_cuda(case):
+    from korch.ir.graph import CHANNELS_LAST
+    from korch.ir.subgraph import extract
+    from tests.backends.test_triton_layouts import LAID_OUT
+
+    contiguous = LAID_OUT[case]()
+    graph = extract(contiguous, range(len(contiguous.nodes)), contiguous.inputs, contiguous.outputs,
+                    layout=CHANNELS_LAST)
+    result = check(TritonBackend().build(graph, "cuda"), graph, device="cuda")
+    assert result.ok, result.message

@@ -29,6 +29,12 @@ def other_layout(layout: str) -> str:
     return CONTIGUOUS if layout == CHANNELS_LAST else CHANNELS_LAST
 
 
+def storage_order(layout: str, rank: int) -> tuple[int, ...]:
+    """The axes of a value of ``rank`` in the order ``layout`` stores them, outermost first (row-major over
+    the permuted shape): channels-last stores N, C, H, W as N, H, W, C."""
+    return (0, 2, 3, 1) if layout == CHANNELS_LAST and rank == 4 else tuple(range(rank))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Tensor:
     """A named value with a static shape, a numpy dtype name, and how it is stored (``LAYOUTS``)."""

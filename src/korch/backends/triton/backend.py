@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import triton
 
-from korch.backends.base import BuildError, contiguous_only
+from korch.backends.base import BuildError
 from korch.backends.triton.conv import CONV
 from korch.backends.triton.generated import GeneratedKernel
 from korch.backends.triton.kernel_class import KernelClass
@@ -59,8 +59,6 @@ class TritonBackend:
         return device.startswith("cuda") or (device == "cpu" and interpreting())
 
     def claims(self, kernel: Graph) -> str | None:
-        if reason := contiguous_only(self.name, kernel):  # the index layer reads contiguous tensors only, so far
-            return reason
         cls, outcome = _attempt(kernel)
         return None if cls else outcome
 

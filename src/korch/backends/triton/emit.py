@@ -36,7 +36,7 @@ from korch.backends.triton.generated import GeneratedKernel, Param, Variant
 from korch.backends.triton.indexing import Ix, Space, broadcast_index, const, table_index
 from korch.backends.triton.kernel_class import Refuse
 from korch.ir import dtypes
-from korch.ir.graph import Graph, Node
+from korch.ir.graph import Graph, Node, storage_order
 from korch.ir.ops import ELEMENTWISE, LAYOUT, Op
 
 # constants with at most this many elements are written into the source
@@ -165,8 +165,15 @@ class Emitter:
             text += f" + 0 * {v}"
         return text
 
+    def offset(self, tensor: str, index: Sequence[Ix]) -> Ix:
+        """Where the element at (logical) ``index`` of ``tensor`` is stored, in elements from its start: row-major
+        over the axes in the order its layout stores them."""
+        t = self.kernel.tensors[tensor]
+        order = storage_order(t.layout, len(t.shape))
+        return self.space.flatten([index[i] for i in order], [t.shape[i] for i in order])
+
     def load(self, tensor: str, index: Sequence[Ix], cond: Val | None) -> Val:
-        return self.load_flat(tensor, self.space.flatten(index, self.kernel.tensors[tensor].shape), cond)
+        return self.load_flat(tensor, self.offset(tensor, index), cond)
 
     def load_flat(self, tensor: str, offset: Ix, cond: Val | None) -> Val:
         t = self.kernel.tensors[tensor]
@@ -185,7 +192,7 @@ class Emitter:
     def store(self, tensor: str, index: Sequence[Ix], value: Val, cond: Val | None = None) -> None:
         """Store ``value`` at ``index`` on every lane where the variables it varies with are in range (and ``cond``)."""
         t = self.kernel.tensors[tensor]
-        offset = self.space.flatten(index, t.shape)
+        offset = self.offset(tensor, index)
         code = value.code
         if value.literal:
             code = f"tl.full([1], {code}, {scalar.tl_dtype(value.dtype)})"

@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from korch.backends.base import BuildError, write_outputs
+from korch.backends.base import BuildError, stored_as, write_outputs
 from korch.backends.triton.generated import GeneratedKernel, Variant
 from korch.backends.triton.loader import load_module
 from korch.ir import dtypes
-from korch.ir.graph import Graph
+from korch.ir.graph import CONTIGUOUS, Graph
 from korch.ir.interpret import as_torch
 
 
@@ -51,12 +51,21 @@ class TritonKernel:
         self._constants = {p.name: as_torch(kernel.constants[p.name]).to(device)
                            for p in generated.params if p.kind == "tensor" and p.name in kernel.constants}
         self._outputs = [kernel.tensors[name] for name in kernel.outputs]
+        # inputs the kernel reads in another layout than contiguous: a tensor passed in the wrong one is stored
+        # as the kernel reads it (a no-op for one stored so already), never read as if it were
+        self._laid_out = [(i, kernel.tensors[name].layout) for i, name in enumerate(kernel.inputs)
+                          if kernel.tensors[name].layout != CONTIGUOUS]
 
     def _allocate(self) -> list[torch.Tensor]:
-        return [torch.empty(t.shape, dtype=dtypes.torch_dtype(t.dtype), device=self.device) for t in self._outputs]
+        return [stored_as(torch.empty(t.shape, dtype=dtypes.torch_dtype(t.dtype), device=self.device), t.layout)
+                for t in self._outputs]
 
     def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         results = list(out) if out is not None else self._allocate()
+        if self._laid_out:
+            inputs = list(inputs)
+            for i, layout in self._laid_out:
+                inputs[i] = stored_as(inputs[i], layout)
         env = dict(self._constants)
         env.update(zip(self.kernel.inputs, inputs))
         env.update(zip(self.kernel.outputs, results))

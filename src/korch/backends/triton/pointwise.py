@@ -18,7 +18,7 @@ from korch.backends.triton.generated import GeneratedKernel, Variant
 from korch.backends.triton.indexing import Space
 from korch.backends.triton.kernel_class import (KernelClass, Refuse, check_ops, chosen_variants, next_power_of_2,
                                                 wide_index)
-from korch.ir.graph import Graph
+from korch.ir.graph import Graph, storage_order
 from korch.ir.ops import ELEMENTWISE, LAYOUT, Op
 
 # (BLOCK, warps); the first is the default
@@ -53,8 +53,11 @@ def write_flat(kernel: Graph, kernel_class: str, handlers: dict[Op, Handler] | N
         em.line(f"x{g} = (pid - ({start})) * BLOCK + tl.arange(0, BLOCK)")
         em.line(f"x{g}_mask = x{g} < {numel}")
         em.push()
-        for name in names:
-            index = space.unflatten(x, kernel.tensors[name].shape)
+        for name in names:  # x runs over each output in the order it is stored: stores stay consecutive
+            t = kernel.tensors[name]
+            order = storage_order(t.layout, len(t.shape))
+            stored = space.unflatten(x, [t.shape[i] for i in order])
+            index = [stored[order.index(axis)] for axis in range(len(t.shape))]
             em.store(name, index, em.value(name, index))
         em.pop()
         if len(groups) > 1:

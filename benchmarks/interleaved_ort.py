@@ -7,6 +7,8 @@ calls in turn (korch's executables, then ONNX Runtime with the same thread count
 optimisations), and a system's latency is the median of its rounds' medians.
 
     python benchmarks/interleaved_ort.py OUTDIR... --out benchmarks/results/interleaved_ort_cpu.json
+
+``--compile`` adds ``torch.compile`` of each zoo model's own module to the turns.
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ def interleaved_ms(systems: dict, rounds: int, calls: int) -> dict[str, float]:
     return {name: float(np.median(m)) * 1e3 for name, m in medians.items()}
 
 
-def compare(outdir: Path, rounds: int, calls: int) -> dict:
-    """Median latency of the executable in ``outdir`` and of ONNX Runtime on its reference model, in turns."""
+def compare(outdir: Path, rounds: int, calls: int, compiled: str | None = None) -> dict:
+    """Median latency of the executable in ``outdir`` and of ONNX Runtime on its reference model, in turns;
+    with ``compiled`` (``zoo:NAME``), also of ``torch.compile`` (default mode) of that model's own module."""
     import torch
 
     import korch
@@ -80,10 +83,18 @@ def compare(outdir: Path, rounds: int, calls: int) -> dict:
     session = ort_session(outdir / "reference.onnx")
     feed = seeded_inputs(executable.input_specs)
     inputs = [torch.from_numpy(feed[name]) for name in executable.input_specs]
-    ms = interleaved_ms({"korch": lambda: executable(*inputs), "onnxruntime": lambda: session.run(None, feed)},
-                        rounds, calls)
-    return {"korch_ms": round(ms["korch"], 3), "onnxruntime_ms": round(ms["onnxruntime"], 3),
-            "onnxruntime_over_korch": round(ms["onnxruntime"] / ms["korch"], 3)}
+    systems = {"korch": lambda: executable(*inputs), "onnxruntime": lambda: session.run(None, feed)}
+    if compiled:
+        from korch.bench import torch_module_for
+
+        module = torch.compile(torch_module_for(compiled, b"", "cpu")[0])
+        systems["torch.compile"] = lambda: module(*inputs)
+    ms = interleaved_ms(systems, rounds, calls)
+    row = {"korch_ms": round(ms["korch"], 3), "onnxruntime_ms": round(ms["onnxruntime"], 3),
+           "onnxruntime_over_korch": round(ms["onnxruntime"] / ms["korch"], 3)}
+    if compiled:
+        row.update(compile_ms=round(ms["torch.compile"], 3), compile_over_korch=round(ms["torch.compile"] / ms["korch"], 3))
+    return row
 
 
 def main(argv=None) -> int:
@@ -92,6 +103,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=15, help="timed calls per system and round")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--compile", action="store_true",
+                        help="also torch.compile (default mode) of each zoo model's own module, in the same turns")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     import korch  # noqa: F401  (before torch: korch settles OpenMP's waiting)
@@ -102,7 +115,8 @@ def main(argv=None) -> int:
         plan = json.loads((outdir / "plan.json").read_text())
         manifest = json.loads((outdir / "manifest.json").read_text())
         row = {"model": plan["model"], "cost_model": plan["cost_model"],
-               "unit_weights": manifest.get("unit", {}).get("weights"), **compare(outdir, args.rounds, args.calls)}
+               "unit_weights": manifest.get("unit", {}).get("weights"),
+               **compare(outdir, args.rounds, args.calls, f"zoo:{plan['model']}" if args.compile else None)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     bench.write_record(bench.record("korch against ONNX Runtime, interleaved", "benchmarks/interleaved_ort.py",

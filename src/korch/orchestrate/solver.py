@@ -102,7 +102,8 @@ class Solver:
         if len(costs) != self.ix.n or any(not c >= 0 for c in costs):
             raise ValueError("costs must be one value >= 0 per candidate")
         if first is not None and not self.last:
-            self.solve([c if keep else math.inf for c, keep in zip(costs, first)], time_limit=time_limit)
+            # the smaller program is proven only when this solve proves: a quick solve's start needs no proof
+            self.solve([c if keep else math.inf for c, keep in zip(costs, first)], time_limit=time_limit, prove=prove)
         ix, h = self.ix, self.h
         allowed = [s and math.isfinite(c) for s, c in zip(self.structural, costs)]
         order, level, tlevel = ix.run(allowed)

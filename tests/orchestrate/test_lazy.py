@@ -93,3 +93,24 @@ def test_an_oracle_that_skips_a_candidate_is_refused():
 
     with pytest.raises(OracleError, match="no latency for candidate"):
         solve_lazily(p, bounds, Forgetful())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_proof_cut_short_by_its_budget_is_tried_again_until_it_holds(seed, monkeypatch):
+    """Proving rounds start with a tiny branch-and-cut budget, doubled until the plan is proven: the result is
+    the optimum of measuring everything, proven, never a plan left unproven at a budget."""
+    from korch.orchestrate import lazy
+
+    monkeypatch.setattr(lazy, "PROOF_BUDGET_S", 1e-6)
+    p, bounds = setup(seed)
+    oracle = Oracle(bounds, seed)
+    result = solve_lazily(p, bounds, oracle)
+    everything = solve(dataclasses.replace(p, costs=tuple(oracle.latency)))
+    assert result.solution.optimal and result.solution.gap == 0
+    assert result.solution.objective == pytest.approx(everything.objective, rel=1e-9)
+
+
+def test_the_callers_time_limit_still_ends_an_unproven_search():
+    p, bounds = setup(0)
+    result = solve_lazily(p, bounds, Oracle(bounds, 0), time_limit=1e-9)
+    assert executes(p, result.solution.order)

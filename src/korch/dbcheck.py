@@ -43,14 +43,12 @@ def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequ
     from korch.backends.db import ProfileDB
     from korch.backends.measure import CALLING_COST, device_key
     from korch.backends.registry import BackendPredicate, backends_for
-    from korch.cost import candidate_bounds, get_device
+    from korch.cost import candidate_bounds
     from korch.orchestrate.candidates import enumerate_candidates
     from korch.orchestrate.layouts import with_layouts
-    from korch.pipeline import chooses_layouts, load_model
+    from korch.pipeline import chooses_layouts, floor_device, load_model
 
-    from korch import precision
-
-    device = get_device(target, exact_float32=not precision.current().tf32)  # the floors the search used
+    device = floor_device(target)  # the floors the search used
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, graph, _ = load_model(model, input_shapes)

@@ -140,16 +140,13 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
               check: _Check) -> Optimized:
     from korch import config
     from korch.backends.registry import BackendPredicate, backends_for, device_for
-    from korch.cost import candidate_bounds, get_device
+    from korch.cost import candidate_bounds
     from korch.orchestrate.candidates import enumerate_candidates
     from korch.orchestrate.layouts import with_layouts
     from korch.orchestrate.partition import load_cut_points, partition, partition_at
 
     progress = progress or Progress()
-    from korch import precision
-
-    # an unknown target fails here, before any work; exact float32 products run at the FMA rate
-    device = get_device(target, exact_float32=not precision.current().tf32)
+    device = floor_device(target)  # an unknown target fails here, before any work
     if cost not in COST_MODELS:
         raise KorchError(f"unknown cost model {cost!r}; known: {', '.join(COST_MODELS)}")
     if time_limit is not None and time_limit <= 0:
@@ -213,6 +210,15 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
         return result
     return _build_check_write(result, target, device_for(target), Path(output), stage, progress,
                               config.compiled_unit if compiled_unit is None else compiled_unit, check)
+
+
+def floor_device(target: str):
+    """The device whose ceilings price ``target``'s floors under the run's precision policy: exact float32
+    products (TF32 off) run at a GPU's FMA rate (``cost.get_device``)."""
+    from korch import precision
+    from korch.cost import get_device
+
+    return get_device(target, exact_float32=not precision.current().tf32)
 
 
 def chooses_layouts(target: str, cost: str) -> bool:

@@ -79,7 +79,7 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         # only the last round, whose plan is all measured, must prove its optimum; rounds before only choose what
         # to measure next, and the relaxation's dive chooses as well (Candy's layout program: 11 s a round to
         # prove, 0.2 s to dive)
-        limit = time_limit if quick or (time_limit is not None and time_limit <= budget) else budget
+        limit = time_limit if quick else min(budget, time_limit or math.inf)
         solution = solver.solve(costs, time_limit=limit, first=first, prove=not quick)
         rounds += 1
         todo = [c for c in solution.order if c not in known]

@@ -74,6 +74,11 @@ def checked_unit_boundaries(value: str) -> str:
 # each value as planned; `--no-layouts` (or KORCH_LAYOUTS=0) plans contiguous values only.
 layouts: bool = os.environ.get("KORCH_LAYOUTS", "1") != "0"
 
+# How many times a CPU kernel is timed while other processes take the cores its threads need
+# (backends/timing.py): a timing they disturbed is taken again after a pause, the fastest kept if none is quiet.
+# The test suite sets 1: it loads both cores on purpose and asserts no latency.
+quiet_tries: int = int(os.environ.get("KORCH_QUIET_TRIES", "3"))
+
 # How float32 matrix products are computed on a GPU: "fp32" (exact) or "tf32" (tensor cores); see precision.py.
 precision: str = os.environ.get("KORCH_PRECISION", "fp32")
 

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -194,6 +195,7 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
              "stage_seconds": dict(stage.seconds)}  # the planning stages
     if measurer is not None:
         stats["measurement"] = measurement_stats(measurer)
+        _warn_if_disturbed(measurer.stats.disturbed, stats["measurement"]["kernels_measured"])
     if layouts:
         stats["layouts"] = "chosen"
     plan = Plan(model=graph.name, target=device.name, cost_model=cost, kernels=tuple(kernels),
@@ -210,6 +212,16 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
         return result
     return _build_check_write(result, target, device_for(target), Path(output), stage, progress,
                               config.compiled_unit if compiled_unit is None else compiled_unit, check)
+
+
+def _warn_if_disturbed(disturbed: int, measured: int) -> None:
+    """Say so when kernel timings found other processes on the cores however often they were taken."""
+    if disturbed:
+        from korch import config
+
+        warnings.warn(f"{disturbed} of {measured} kernel timings found other processes on the CPU cores in each "
+                      f"of {config.quiet_tries} tries: their latencies may read slow, and the next search on this "
+                      "database measures them again", stacklevel=2)
 
 
 def floor_device(target: str):

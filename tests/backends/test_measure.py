@@ -248,3 +248,37 @@ def test_a_device_lock_never_released_delays_a_timing_but_does_not_hang_it(monke
     with measure._device_held(free):
         assert not free.acquire(block=False)  # held inside
     assert free.acquire(block=False)  # released after
+
+
+def test_kernels_timed_beside_busy_processes_are_flagged_and_measured_again(tmp_path, monkeypatch):
+    """A timing that found other processes on the cores in every try is kept for this search, flagged in the
+    database, counted, warned about; the next search on that database measures it again."""
+    import dataclasses
+
+    real = measure.time_kernel
+
+    def busy(*args, **kwargs):
+        return dataclasses.replace(real(*args, **kwargs), disturbed=True)
+    monkeypatch.setattr(measure, "time_kernel", busy)
+    db = tmp_path / "p.sqlite"
+    with pytest.warns(UserWarning, match="found other processes on the CPU cores"):
+        first = optimize(_model(), target="cpu", cost="measured", db=db, jobs=1, max_kernel_nodes=2)
+    m = first.plan.stats["measurement"]
+    assert m["kernels_measured"] > 0 and m["disturbed"] == m["kernels_measured"]
+    flagged = _messages(db)
+    assert flagged and set(flagged) == {measure.DISTURBED}
+
+    monkeypatch.setattr(measure, "time_kernel", real)  # a quiet machine: measured again, trusted from then on
+    again = optimize(_model(), target="cpu", cost="measured", db=db, jobs=1, max_kernel_nodes=2)
+    m2 = again.plan.stats["measurement"]
+    assert m2["from_database"] == 0 and m2["kernels_measured"] >= m["kernels_measured"] and m2["disturbed"] == 0
+    assert len(_messages(db)) >= len(flagged) and measure.DISTURBED not in _messages(db)  # every flagged record replaced
+
+
+def _messages(db) -> list[str]:
+    """The message of every kernel's ok record in the database at ``db``."""
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        return [m for (m,) in conn.execute("SELECT message FROM measurements WHERE status = 'ok' AND signature != ?",
+                                           (measure.CALLING_COST,))]

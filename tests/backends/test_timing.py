@@ -11,7 +11,8 @@ from typing import ClassVar
 import pytest
 import torch
 
-from korch.backends import timing
+from korch import config
+from korch.backends import cpu_load, timing
 from korch.backends.timing import planned_runs, rotation_count, rotation_sets, time_kernel
 
 MS = 2.0 ** -10  # about a millisecond; a power of two, so sums of these are exact floats
@@ -33,11 +34,33 @@ class FakeClock:
     def advance(self, seconds):
         self.now += seconds
 
+    def sleep(self, seconds):
+        self.sleeps = getattr(self, "sleeps", []) + [seconds]
+        self.advance(seconds)
+
+
+class FakeLoad:
+    """Stands in for ``cpu_load``: timing window k finds other processes on the cores if ``busy[k]``."""
+
+    def __init__(self, busy=()):
+        self.busy, self.windows = list(busy), 0
+        outer = self
+
+        class Window:
+            def __init__(self):
+                self.k = outer.windows
+                outer.windows += 1
+
+            def disturbed(self, threads):
+                return outer.busy[self.k] if self.k < len(outer.busy) else False
+        self.Window = Window
+
 
 @pytest.fixture
 def clock(monkeypatch):
     fake = FakeClock()
     monkeypatch.setattr(timing, "time", fake)
+    monkeypatch.setattr(timing, "cpu_load", FakeLoad())  # the real machine's load must not change a count here
     return fake
 
 
@@ -243,3 +266,46 @@ def test_random_arena_hands_out_aligned_views_that_never_overlap_until_reset():
     assert not torch.equal(sets[0][0], sets[1][0])  # different memory, different values
     arena.reset()
     assert arena.inputs(kernel)[1].data_ptr() == sets[0][1].data_ptr()  # reused from the start
+
+
+def test_a_timing_other_processes_disturbed_is_taken_again_after_a_pause(clock, monkeypatch):
+    monkeypatch.setattr(timing, "cpu_load", FakeLoad(busy=[True, False]))
+    slow_then_fast = kernel(clock, lambda k, i: 40 * MS if k < 5 else MS)  # the first try's calls wait on others
+    with config.patch(quiet_tries=3):
+        result = time_kernel(slow_then_fast, device="cpu", warmup=0, warmup_s=0, repeats=5)
+    assert result == timing.Timing(median_s=MS, min_s=MS, runs=5, disturbed=False)
+    assert clock.sleeps == [timing.QUIET_PAUSE_S] and len(slow_then_fast.calls) == 10
+
+
+def test_when_every_try_is_disturbed_the_fastest_is_kept_and_flagged(clock, monkeypatch):
+    load = FakeLoad(busy=[True, True, True, False])
+    monkeypatch.setattr(timing, "cpu_load", load)
+    durations = [3 * MS] * 5 + [2 * MS] * 5 + [4 * MS] * 5
+    call = kernel(clock, lambda k, i: durations[k])
+    with config.patch(quiet_tries=3):
+        result = time_kernel(call, device="cpu", warmup=0, warmup_s=0, repeats=5)
+    assert result == timing.Timing(median_s=2 * MS, min_s=2 * MS, runs=5, disturbed=True)
+    assert load.windows == 3 and len(clock.sleeps) == 2
+    with config.patch(quiet_tries=1):  # never retried: one try, flagged all the same
+        once = FakeLoad(busy=[True])
+        monkeypatch.setattr(timing, "cpu_load", once)
+        assert time_kernel(kernel(clock, lambda k, i: MS), device="cpu", warmup=0, warmup_s=0, repeats=5).disturbed
+        assert once.windows == 1
+
+
+def test_a_window_counts_the_cores_other_processes_took(monkeypatch):
+    """Others' work is the machine's busy time less this process's, a tick per core given back for rounding."""
+    now = {"busy": 100.0, "own": 5.0, "wall": 0.0}
+    monkeypatch.setattr(cpu_load, "_busy_s", lambda: now["busy"])
+    monkeypatch.setattr(cpu_load.time, "process_time", lambda: now["own"])
+    monkeypatch.setattr(cpu_load.time, "perf_counter", lambda: now["wall"])
+    monkeypatch.setattr(cpu_load, "usable_cores", lambda: 2)
+    window = cpu_load.Window()
+    # 1 s: this process ran its two threads for 2 s, the machine was busy 3.02 s: others took one core
+    now.update(busy=103.02 + 2 * cpu_load.TICK_S, own=7.0, wall=1.0)
+    assert window.others_cores() == pytest.approx(1.02)
+    assert window.disturbed(threads=2) and not window.disturbed(threads=0)  # no core spare / both spare
+    now.update(busy=102.1 + 2 * cpu_load.TICK_S)  # a tenth of a core: housekeeping
+    assert window.others_cores() == pytest.approx(0.1) and not window.disturbed(threads=2)
+    monkeypatch.setattr(cpu_load, "_busy_s", lambda: None)  # no /proc/stat: nothing known, nothing disturbed
+    assert cpu_load.Window().others_cores() is None and not cpu_load.Window().disturbed(threads=2)

@@ -55,7 +55,7 @@ from korch.errors import one_line
 from korch.backends.check import RandomArena, check, checked_variants, random_inputs
 from korch.backends.db import ProfileDB, Record
 from korch.backends.registry import backends_for, device_for
-from korch.backends.timing import rotation_sets, time_kernel
+from korch.backends.timing import Timing, rotation_sets, time_kernel
 from korch.cost.devices import get_device
 from korch.ir.graph import Graph, Node, Tensor, other_layout
 from korch.ir.ops import Op
@@ -63,6 +63,9 @@ from korch.ir.subgraph import extract
 
 
 MESSAGE_CHARS = 300  # a failure's reason as kept in the database and the report
+# An ok record's message when every try of its timing found other processes on the cores (timing.py): its
+# latency may read slow, so a later search measures it again rather than trusting it
+DISTURBED = "timed while other processes held the cores it needs"
 BUILD_CHUNK = 16  # kernels a CPU build worker builds together (their C++ in one compiler run, cpp_batch.py)
 
 
@@ -81,6 +84,7 @@ class MeasureStats:
     from_db: int = 0          # of those, answered from the database alone
     measured: int = 0         # kernels built, checked and timed here (signature x backend)
     below_bound: int = 0      # measurements under the lower bound, raised to it
+    disturbed: int = 0        # kernels timed while other processes held the cores in every try
     build_s: float = 0.0      # wall seconds building and checking kernels (workers in parallel; on a GPU they
                               # time them too)
     timing_s: float = 0.0     # seconds timing them, one at a time (in this process; on a GPU in the workers)
@@ -188,16 +192,18 @@ def _time_checked(checked: _Checked, kernel: Graph, arena: RandomArena, device: 
         built = checked.built or rebuild()
         with _device_held(lock):
             started = time.perf_counter()
-            checked.latency_s, checked.variant, checked.launches = _time_built(built, kernel, checked.variants,
-                                                                               arena, device)
+            timing, checked.variant, checked.launches = _time_built(built, kernel, checked.variants, arena, device)
             checked.timing_s = time.perf_counter() - started
+        checked.latency_s = timing.median_s
+        if timing.disturbed:
+            checked.message = DISTURBED
     except Exception as exc:
         checked.status, checked.message = "timing_failed", one_line(exc, MESSAGE_CHARS)
 
 
 def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomArena, device: str) \
-        -> tuple[float, dict | None, int]:
-    """(median seconds, chosen launch variant among the checked ``variants``, launches)."""
+        -> tuple[Timing, dict | None, int]:
+    """(the timing, chosen launch variant among the checked ``variants``, launches)."""
     nbytes = sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs))
     arena.reset()
     sets = rotation_sets(lambda i: arena.inputs(kernel), nbytes, device=device)
@@ -205,8 +211,7 @@ def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomAren
     if _tunes(built, device):  # Triton: keep the fastest launch variant
         built.tune(lambda call: time_kernel(lambda i: call(), device=device).median_s, sets[0], variants)
         variant = {"variant": built.variant.describe()}
-    seconds = time_kernel(lambda i: built(*sets[i]), device=device, rotate=len(sets)).median_s
-    return seconds, variant, built.launches
+    return time_kernel(lambda i: built(*sets[i]), device=device, rotate=len(sets)), variant, built.launches
 
 
 def _chunks(count: int, jobs: int, size: int) -> list[list[int]]:
@@ -266,7 +271,8 @@ class KernelMeasurer:
             representative.setdefault(self.candidates[c].signature, c)
         found = self.db.lookup(representative, self.device_key, self.versions)
         complete = {s for s, records in found.items() if records and
-                    {b.name for b in self._claimed(s, representative[s])[1]} <= {r.backend for r in records}}
+                    {b.name for b in self._claimed(s, representative[s])[1]}
+                    <= {r.backend for r in records if r.message != DISTURBED}}
         return self.measure([c for c in candidate_ids if self.candidates[c].signature in complete])
 
     def in_place_s(self, record: Record) -> float:
@@ -333,6 +339,7 @@ class KernelMeasurer:
         kernels = {s: self._claimed(s, representative[s])[0] for s in signatures}
         todo: list[tuple[str, Backend]] = []
         for s in signatures:
+            found[s] = [r for r in found[s] if r.message != DISTURBED]  # measured again, in case it is quiet now
             have = {r.backend for r in found[s]}
             missing = [b for b in self._claimed(s, representative[s])[1] if b.name not in have]
             todo += [(s, b) for b in missing]
@@ -393,6 +400,7 @@ class KernelMeasurer:
                 _time_checked(checked, kernel, self._arena, self.device,
                               rebuild=lambda: backend.build(kernel, self.device))
             self.stats.timing_s += checked.timing_s
+            self.stats.disturbed += checked.message == DISTURBED
             records.append(Record(signature=s, device=self.device_key, backend=backend.name,
                                   backend_version=self.versions[backend.name], status=checked.status,
                                   latency_s=checked.latency_s, message=checked.message, launches=checked.launches,

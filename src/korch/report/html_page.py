@@ -136,6 +136,7 @@ def _measurement(m: dict | None) -> str:
              ("search cost", _e(f"{m.get('measured_share', 0):.0%} of {m.get('signatures', '?')} distinct kernels; "
                                 f"{m.get('build_s', 0):.1f} s building, {m.get('timing_s', 0):.1f} s timing")),
              ("below their bound (raised)", _e(m.get("below_bound", 0))),
+             ("timed beside other processes (may read slow)", _e(m.get("disturbed", 0))),
              ("failed kernels (dropped)", f"<b>{len(m.get('failures', []))}</b>")]
     failures = m.get("failures", [])
     table = _table(["signature", "ops", "backend", "status", "reason"],

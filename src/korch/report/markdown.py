@@ -25,6 +25,7 @@ def _measurement(m: dict | None) -> list[str]:
              f"kernels measured or looked up; {m.get('build_s', 0):.1f} s building and checking, "
              f"{m.get('timing_s', 0):.1f} s timing",
              f"- measurements below their lower bound (raised to it): {m['below_bound']}",
+             f"- kernels timed while other processes held the CPU cores (may read slow): {m.get('disturbed', 0)}",
              f"- kernels that failed to build or check (dropped, never selected): **{len(m['failures'])}**"]
     if m["failures"]:
         lines += ["", "| signature | ops | backend | status | reason |", "| --- | --- | --- | --- | --- |",

@@ -76,7 +76,8 @@ layouts: bool = os.environ.get("KORCH_LAYOUTS", "1") != "0"
 
 # How many times a CPU kernel is timed while other processes take the cores its threads need
 # (backends/timing.py): a timing they disturbed is taken again after a pause, the fastest kept if none is quiet.
-# The test suite sets 1: it loads both cores on purpose and asserts no latency.
+# 0: the load is not looked at, nothing flagged (the test suite: it loads both cores on purpose and asserts no
+# latency, and a flag would depend on its neighbours).
 quiet_tries: int = int(os.environ.get("KORCH_QUIET_TRIES", "3"))
 
 # How float32 matrix products are computed on a GPU: "fp32" (exact) or "tf32" (tensor cores); see precision.py.

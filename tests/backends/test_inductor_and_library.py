@@ -108,3 +108,36 @@ def test_a_channels_last_kernel_reads_and_writes_channels_last(case):
     (want,) = InductorBackend().build(contiguous, "cpu")(*[stored_as(x, "contiguous") for x in inputs])
     torch.testing.assert_close(out, want)
     assert "contiguous boundaries only" in LibraryBackend().claims(graph)
+
+
+def test_on_a_cpu_inductor_returns_its_outputs_in_their_layouts_and_never_an_input():
+    """A CPU kernel returns what it computes (the compiled unit copies nothing into buffers passed in), each
+    output stored as planned; a kernel that only reshapes its input returns a copy, not a view of it."""
+    import dataclasses
+
+    import torch
+    from onnx import helper
+
+    from korch.ir.graph import CHANNELS_LAST
+    from tests.backends.kernels import kernel
+
+    conv = cases.conv_bias_relu()
+    built = InductorBackend().build(conv, "cpu")
+    assert not built.in_place
+    check_built(built, conv)
+    for name in (*conv.inputs, *conv.outputs):
+        conv.tensors[name] = dataclasses.replace(conv.tensors[name], layout=CHANNELS_LAST)
+    laid = InductorBackend().build(conv, "cpu")
+    x = random_inputs(conv)[0].contiguous(memory_format=torch.channels_last)
+    (y,) = laid(x)
+    assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+
+    reshape = kernel([helper.make_node("Reshape", ["x", "shape"], ["y"])], {"x": (4, 6)}, {"y": (24,)},
+                     {"shape": np.array([24], np.int64)})
+    built = InductorBackend().build(reshape, "cpu")
+    x = random_inputs(reshape)[0]
+    (y,) = built(x)
+    assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    np.testing.assert_array_equal(y.numpy(), x.reshape(24).numpy())
+    out = torch.empty(24)
+    assert built(x, out=[out])[0] is out and torch.equal(out, y)

@@ -291,6 +291,11 @@ def test_when_every_try_is_disturbed_the_fastest_is_kept_and_flagged(clock, monk
         monkeypatch.setattr(timing, "cpu_load", once)
         assert time_kernel(kernel(clock, lambda k, i: MS), device="cpu", warmup=0, warmup_s=0, repeats=5).disturbed
         assert once.windows == 1
+    with config.patch(quiet_tries=0):  # the load not looked at: no window, nothing flagged
+        never = FakeLoad(busy=[True])
+        monkeypatch.setattr(timing, "cpu_load", never)
+        assert not time_kernel(kernel(clock, lambda k, i: MS), device="cpu", warmup=0, warmup_s=0, repeats=5).disturbed
+        assert never.windows == 0
 
 
 def test_a_window_counts_the_cores_other_processes_took(monkeypatch):

@@ -195,7 +195,7 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
              "stage_seconds": dict(stage.seconds)}  # the planning stages
     if measurer is not None:
         stats["measurement"] = measurement_stats(measurer)
-        _warn_if_disturbed(measurer.stats.disturbed, stats["measurement"]["kernels_measured"])
+        _warn_if_disturbed(stats["measurement"])
     if layouts:
         stats["layouts"] = "chosen"
     plan = Plan(model=graph.name, target=device.name, cost_model=cost, kernels=tuple(kernels),
@@ -214,12 +214,12 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
                               config.compiled_unit if compiled_unit is None else compiled_unit, check)
 
 
-def _warn_if_disturbed(disturbed: int, measured: int) -> None:
+def _warn_if_disturbed(measurement: dict) -> None:
     """Say so when kernel timings found other processes on the cores however often they were taken."""
-    if disturbed:
+    if measurement["disturbed"]:
         from korch import config
 
-        warnings.warn(f"{disturbed} of {measured} kernel timings found other processes on the CPU cores in each "
+        warnings.warn(f"{measurement['disturbed']} of {measurement['kernels_measured']} kernel timings found other processes on the CPU cores in each "
                       f"of {config.quiet_tries} tries: their latencies may read slow, and the next search on this "
                       "database measures them again", stacklevel=2)
 

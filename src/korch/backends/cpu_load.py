@@ -54,6 +54,7 @@ class Window:
 
     def __init__(self):
         self._busy, self._own, self._start = _busy_s(), time.process_time(), time.perf_counter()
+        self._cores = usable_cores()
 
     def others_cores(self) -> float | None:
         """Cores' worth of other processes' work since the window opened (None where unknown). Each core's
@@ -62,11 +63,11 @@ class Window:
         wall = time.perf_counter() - self._start
         if busy is None or self._busy is None or wall <= 0:
             return None
-        others = (busy - self._busy) - (time.process_time() - self._own) - usable_cores() * TICK_S
+        others = (busy - self._busy) - (time.process_time() - self._own) - self._cores * TICK_S
         return max(others, 0.0) / wall
 
     def disturbed(self, threads: int) -> bool:
         """Whether others took cores a kernel running on ``threads`` threads needed."""
         others = self.others_cores()
-        spare = max(usable_cores() - threads, 0)
+        spare = max(self._cores - threads, 0)
         return others is not None and others > spare + TOLERATED_CORES

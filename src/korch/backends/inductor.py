@@ -32,7 +32,7 @@ from korch.backends.check import random_inputs
 from korch.backends.torch_ops import kernel_function
 from korch.errors import one_line
 from korch.ir import dtypes
-from korch.ir.graph import CHANNELS_LAST, Graph
+from korch.ir.graph import Graph
 from korch.ir.ops import Op
 
 VERSION = "3"  # 3: CPU kernels return their outputs
@@ -55,8 +55,7 @@ def _returning_outputs(fn, layouts: Sequence[str]):
         for value, layout in zip(fn(*args), layouts):
             value = stored_as(value, layout)
             if any(value.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for x in args):
-                value = value.clone(memory_format=torch.channels_last if layout == CHANNELS_LAST else
-                                    torch.contiguous_format)
+                value = value.clone()  # keeps the layout stored_as gave it
             results.append(value)
         return results
     return run

@@ -269,11 +269,16 @@ class KernelMeasurer:
         representative: dict[str, int] = {}
         for c in candidate_ids:
             representative.setdefault(self.candidates[c].signature, c)
-        found = self.db.lookup(representative, self.device_key, self.versions)
+        found = self._trusted(representative)
         complete = {s for s, records in found.items() if records and
-                    {b.name for b in self._claimed(s, representative[s])[1]}
-                    <= {r.backend for r in records if r.message != DISTURBED}}
+                    {b.name for b in self._claimed(s, representative[s])[1]} <= {r.backend for r in records}}
         return self.measure([c for c in candidate_ids if self.candidates[c].signature in complete])
+
+    def _trusted(self, signatures) -> dict[str, list[Record]]:
+        """The database's records of ``signatures`` for this device and these backends, less those timed beside
+        other processes: such a kernel is measured again, in case the machine is quiet now."""
+        found = self.db.lookup(signatures, self.device_key, self.versions)
+        return {s: [r for r in records if r.message != DISTURBED] for s, records in found.items()}
 
     def in_place_s(self, record: Record) -> float:
         """The latency of a measured kernel as the executable runs it: measured, less its calling cost."""
@@ -335,11 +340,10 @@ class KernelMeasurer:
 
     def _resolve(self, signatures: list[str], representative: Mapping[str, int]) -> None:
         self.stats.asked += len(signatures)
-        found = self.db.lookup(signatures, self.device_key, self.versions)
+        found = self._trusted(signatures)
         kernels = {s: self._claimed(s, representative[s])[0] for s in signatures}
         todo: list[tuple[str, Backend]] = []
         for s in signatures:
-            found[s] = [r for r in found[s] if r.message != DISTURBED]  # measured again, in case it is quiet now
             have = {r.backend for r in found[s]}
             missing = [b for b in self._claimed(s, representative[s])[1] if b.name not in have]
             todo += [(s, b) for b in missing]

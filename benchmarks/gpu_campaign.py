@@ -18,7 +18,9 @@ goes (a command killed at its limit still returns what it finished):
   measured below their floors (``korch db check``).
 
 Each phase stops starting models once less than ``--reserve`` seconds remain
-before ``--deadline`` (seconds from the start): it records them as skipped.
+before ``--deadline`` (seconds from the start): it records them as skipped. A
+measured search gets what the deadline leaves less the reserve, and then plans
+from what it measured (its gap recorded).
 Results: at most seven files under ``--out`` (``campaign.json`` and one per
 phase), within the device's limit of 8 files returned. Models are exported where the campaign runs (the GPU machine's
 torch is its own); ``highspy`` must be importable there (``docs/gpu.md``: carried
@@ -75,7 +77,7 @@ class Setting:
     peers: dict[str, list[str]]               # per phase
     budget_s: float
     smoke_tests: list[str]                    # pytest arguments
-    measured_time_limit_s: float | None
+    measured_time_limit_s: float | None       # a measured search's seconds at most (None: what the deadline leaves)
     smoke_workers: int                        # pytest-xdist processes (0: none): Triton compiles on every core
     db: Path                                  # the measured phase's profile database (not a result: not in --out)
 
@@ -195,7 +197,7 @@ class Campaign:
                         row.update(run_model(model.ref, self.setting.target, cost, str(self.setting.db),
                                              self.peers or self.setting.peers[phase],
                                              self.setting.budget_s, self.jobs, precision, model.torch_model,
-                                             self.setting.measured_time_limit_s if cost == "measured" else None))
+                                             self._search_limit_s() if cost == "measured" else None))
                         if cost == "measured":
                             row["below_floor"] = _below_floor(model.ref, self.setting)
                     except Exception as exc:  # a model that fails is recorded and the phase goes on
@@ -207,6 +209,14 @@ class Campaign:
                 self.write(phase, rows)
                 print(f"  {_summary(row)}", flush=True)
         return rows
+
+
+    def _search_limit_s(self) -> float:
+        """Seconds a measured search may take: what is left before the deadline less the reserve (the plan's
+        build and the peers' runs), never under 30 s (a measured search with no limit ran past its device call's
+        end on an H200, 2026-11-26, and left no row)."""
+        limit = max(self.left_s() - self.reserve_s, 30.0)
+        return min(limit, self.setting.measured_time_limit_s or limit)
 
 
 def _below_floor(ref: str, setting: Setting) -> list[dict]:

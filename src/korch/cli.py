@@ -88,6 +88,13 @@ def _progress(quiet: bool):
                     disable=quiet)
 
 
+def _gap(plan) -> float:
+    """How far the plan may be above the optimum, relative: the segments' gaps weighed by their objectives."""
+    total = sum(s.objective_s for s in plan.segments)
+    lower = sum(s.objective_s * (1 - s.gap) for s in plan.segments)
+    return 0.0 if total <= 0 else (total - lower) / total
+
+
 def _callbacks(progress, task):
     from korch.pipeline import Progress
 
@@ -134,7 +141,7 @@ def cmd_optimize(args) -> int:
     print(f"{plan.model}: {len(result.graph.nodes)} primitives, {result.candidates} candidate kernels, "
           f"{len(plan.segments)} segments -> {len(plan.kernels)} kernels, predicted "
           f"{plan.predicted_latency_s * 1e3:.3f} ms on {plan.target} ({plan.cost_model}"
-          f"{', optimal' if optimal else ', NOT proven optimal'}); "
+          f"{', optimal' if optimal else f', NOT proven optimal: gap {_gap(plan):.1%}'}); "
           f"plan in {sum(plan.stats['stage_seconds'].values()):.1f} s")
     measurement = plan.stats.get("measurement")
     if measurement:
@@ -364,7 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--estimate", action="store_true",
                    help="for a GPU target: count the compiles and timings a measured search would run and estimate "
                         "its minutes on --jobs cores (default 16) from compile times measured here; writes nothing")
-    p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit in seconds (default: none)")
+    p.add_argument("--time-limit", type=float, metavar="S",
+                   help="seconds for the search: the solves and, with --cost measured, the measuring; past it, the "
+                        "cheapest plan so far, with its gap to the optimum (default: none)")
     p.add_argument("--cut-points", metavar="FILE.toml", help="the Korch paper's cut points instead of automatic ones")
     p.add_argument("--max-kernel-nodes", type=int, metavar="N", help="largest candidate kernel, in primitives")
     p.add_argument("--plan-only", action="store_true", help="write the plan and the reports, no executable")

@@ -103,6 +103,19 @@ def test_failing_kernels_are_dropped_counted_and_named(tmp_path, monkeypatch, mo
     assert "failed to build or check" in report and failures[0]["signature"][:12] in report
 
 
+def test_a_measured_search_past_its_time_limit_plans_from_what_it_measured(tmp_path, capsys):
+    onnx.save(_model(), tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    assert main(["optimize", str(tmp_path / "m.onnx"), "--target", "cpu", "--cost", "measured", "--jobs", "1",
+                 "--db", str(tmp_path / "db.sqlite"), "--max-kernel-nodes", "3", "--time-limit", "0.001",
+                 "-o", str(out), "-q"]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["kernels"] and all(k["measured"] for k in plan["kernels"])  # one round: the plan's kernels
+    assert all(0 <= s["gap"] < 1 and s["optimal"] == (s["gap"] == 0) for s in plan["segments"])
+    said = capsys.readouterr().out
+    assert "optimal" in said and (all(s["optimal"] for s in plan["segments"]) or "gap" in said)
+
+
 def test_parallel_workers_build_and_check(tmp_path):
     result = optimize(_model(), target="cpu", cost="measured", db=tmp_path / "p.sqlite", jobs=2, max_kernel_nodes=2)
     m = result.plan.stats["measurement"]

@@ -114,3 +114,38 @@ def test_the_callers_time_limit_still_ends_an_unproven_search():
     p, bounds = setup(0)
     result = solve_lazily(p, bounds, Oracle(bounds, 0), time_limit=1e-9)
     assert executes(p, result.solution.order)
+
+
+class StepClock:
+    """A clock that moves one second per oracle call, so a time limit ends the search after a known round."""
+
+    def __init__(self, oracle):
+        self.now, self.oracle = 0.0, oracle
+
+    def perf_counter(self):
+        return self.now
+
+    def measure(self, candidate_ids):
+        self.now += 1.0
+        return self.oracle.measure(candidate_ids)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_time_limit_ends_the_measuring_with_the_cheapest_measured_plan_and_an_honest_gap(seed, monkeypatch):
+    from korch.orchestrate import lazy
+
+    p, bounds = setup(seed)
+    unlimited = solve_lazily(p, bounds, Oracle(bounds, seed))
+    oracle = Oracle(bounds, seed)
+    clock = StepClock(oracle)
+    monkeypatch.setattr(lazy, "time", clock)
+    result = solve_lazily(p, bounds, clock, time_limit=1.5)
+    # the second round's measurement passes the limit: no third round starts
+    assert clock.now == 2.0 and len(result.measured) < len(unlimited.measured)
+    plan = result.solution
+    assert executes(p, plan.order) and set(plan.order) <= set(result.measured)
+    assert plan.objective == pytest.approx(math.fsum(oracle.latency[c] for c in plan.order), rel=1e-12)
+    assert plan.objective >= unlimited.solution.objective * (1 - 1e-9)
+    # the gap's lower bound never passes the true optimum
+    assert plan.objective * (1 - plan.gap) <= unlimited.solution.objective * (1 + 1e-9)
+    assert plan.optimal == (plan.gap == 0)

@@ -12,7 +12,9 @@ candidates. The solver keeps its model and cuts between rounds.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,6 +30,10 @@ BOUND_TOLERANCE = 1e-9
 # unproven: a round whose plan is not the optimum stops early with a better plan to measure instead of proving
 # first (YOLOX-Nano's measured layout program: 20 minutes of branch and cut in one round before this)
 PROOF_BUDGET_S = 10.0
+# A measured plan within this (relative) of the lower bound is proven optimal (the solver's tolerance)
+PROVEN_TOLERANCE = 1e-7
+# Seconds a solve gets when the search's time limit has passed: enough for the dive to return a plan
+MIN_SOLVE_S = 0.5
 
 
 class OracleError(KorchError):
@@ -57,8 +63,11 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     (passed in, say from a database, or measured by an earlier round) and
     ``bounds[c]`` otherwise. A latency of ``math.inf`` excludes the candidate.
     ``first``: the columns whose optimum starts the first solve (``Solver.solve``).
-    ``time_limit`` applies to each solve; if the last solve stops at it, the
-    plan is flagged not optimal and its gap is against a valid lower bound.
+    ``time_limit``: seconds for the whole search, measurements included. Once
+    it has passed, no new round starts: the result is the cheapest plan measured
+    so far (every round measures its plan's kernels), flagged not optimal, its
+    gap taken against the highest lower bound a round proved (valid for the
+    true latencies: no unmeasured kernel beats its bound).
     A proving round runs branch and cut for ``PROOF_BUDGET_S`` at first, twice
     that each time its plan stays unproven, so that a plan that is not optimal
     gives way to a better one (measured next) before any proof completes.
@@ -74,18 +83,23 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     fresh: dict[int, float] = {}
     solver = Solver(problem)
     rounds, quick, budget = 0, True, PROOF_BUDGET_S
+    deadline = math.inf if time_limit is None else time.perf_counter() + time_limit
+    lower, cheapest = 0.0, None  # the highest lower bound proved, the cheapest plan whose kernels are all measured
     while True:
         costs = [known.get(c, bound) for c, bound in enumerate(bounds)]
         # only the last round, whose plan is all measured, must prove its optimum; rounds before only choose what
         # to measure next, and the relaxation's dive chooses as well (Candy's layout program: 11 s a round to
         # prove, 0.2 s to dive)
-        limit = time_limit if quick else min(budget, time_limit or math.inf)
-        solution = solver.solve(costs, time_limit=limit, first=first, prove=not quick)
+        left = max(deadline - time.perf_counter(), MIN_SOLVE_S)
+        limit = left if quick else min(budget, left)
+        solution = solver.solve(costs, time_limit=None if math.isinf(limit) else limit, first=first,
+                                prove=not quick)
         rounds += 1
+        lower = max(lower, solution.objective * (1 - solution.gap))
         todo = [c for c in solution.order if c not in known]
         if not todo:
-            if solution.optimal or (not quick and limit == time_limit):
-                return LazyResult(solution, fresh, rounds)
+            if solution.optimal or time.perf_counter() >= deadline:
+                return LazyResult(_cheaper(solution, cheapest, lower), fresh, rounds)
             if not quick:
                 budget *= 2  # all measured, unproven within the budget: prove again with twice the time
             quick = False  # a dive's plan, all measured but unproven: the next round proves it or measures more
@@ -99,6 +113,25 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
                 raise OracleError(f"the cost oracle returned no latency for candidate {c}")
         for c, latency in answers.items():
             known[c] = fresh[c] = _checked(c, latency, bounds)
+        measured_plan = _priced(solution, known)
+        if math.isfinite(measured_plan.objective):
+            cheapest = _cheaper(measured_plan, cheapest, lower)
+        if cheapest is not None and time.perf_counter() >= deadline:
+            return LazyResult(_cheaper(cheapest, None, lower), fresh, rounds)
+
+
+def _priced(solution: Solution, known: Mapping[int, float]) -> Solution:
+    """``solution``'s plan at its measured latencies (every kernel of it measured), its optimality unknown."""
+    return dataclasses.replace(solution, objective=math.fsum(known[c] for c in solution.order), optimal=False)
+
+
+def _cheaper(plan: Solution, other: Solution | None, lower: float) -> Solution:
+    """The cheaper of two measured plans, its gap against ``lower`` (a proven optimum keeps gap 0)."""
+    best = plan if other is None or plan.objective <= other.objective else other
+    if best.optimal:
+        return best
+    gap = 0.0 if best.objective <= lower * (1 + PROVEN_TOLERANCE) else (best.objective - lower) / best.objective
+    return dataclasses.replace(best, gap=gap, optimal=gap == 0.0)
 
 
 def _checked(c: int, latency: float, bounds: Sequence[float]) -> float:

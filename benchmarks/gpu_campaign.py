@@ -185,6 +185,7 @@ class Campaign:
         from zoo_bench import run_model  # beside this script
 
         rows: list[dict] = []
+        runs = len(self.setting.precisions[phase]) * len(self.setting.models[phase])
         for precision in self.setting.precisions[phase]:
             for model in self.setting.models[phase]:
                 row = {"model": model.ref if model.ref.startswith("zoo:") else model.name, "precision": precision,
@@ -197,7 +198,7 @@ class Campaign:
                         row.update(run_model(model.ref, self.setting.target, cost, str(self.setting.db),
                                              self.peers or self.setting.peers[phase],
                                              self.setting.budget_s, self.jobs, precision, model.torch_model,
-                                             self._search_limit_s() if cost == "measured" else None))
+                                             self._search_limit_s(runs - len(rows)) if cost == "measured" else None))
                         if cost == "measured":
                             row["below_floor"] = _below_floor(model.ref, self.setting)
                     except Exception as exc:  # a model that fails is recorded and the phase goes on
@@ -210,12 +211,12 @@ class Campaign:
                 print(f"  {_summary(row)}", flush=True)
         return rows
 
-
-    def _search_limit_s(self) -> float:
-        """Seconds a measured search may take: what is left before the deadline less the reserve (the plan's
-        build and the peers' runs), never under 30 s (a measured search with no limit ran past its device call's
-        end on an H200, 2026-11-26, and left no row)."""
-        limit = max(self.left_s() - self.reserve_s, 30.0)
+    def _search_limit_s(self, runs_left: int) -> float:
+        """Seconds a measured search may take: its share of what is left before the deadline once every run
+        still to start has its reserve (the plan's build and the peers' runs), never under 30 s (a measured
+        search with no limit ran past its device call's end on an H200, 2026-11-26, and left no row)."""
+        runs_left = max(runs_left, 1)
+        limit = max((self.left_s() - self.reserve_s * runs_left) / runs_left, 30.0)
         return min(limit, self.setting.measured_time_limit_s or limit)
 
 

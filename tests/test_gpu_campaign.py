@@ -56,3 +56,24 @@ def test_past_its_deadline_a_phase_starts_nothing(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "small.json").read_text())
     assert rows and all(r["skipped"].startswith("deadline") for r in rows)
+
+
+def test_each_measured_search_gets_its_share_of_the_time_left(tmp_path, monkeypatch):
+    """A measured search has a time limit: what the deadline leaves once every run still to start has its
+    reserve, shared among them (one search without a limit ran past an H200 call's end and left no row)."""
+    import dataclasses
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gpu_campaign
+
+    setting = gpu_campaign.Setting(target="cpu", models={}, precisions={}, peers={}, budget_s=0.05, smoke_tests=[],
+                                   measured_time_limit_s=None, smoke_workers=0, db=tmp_path / "db.sqlite")
+    run = gpu_campaign.Campaign(tmp_path, setting, deadline_s=500, reserve_s=90, jobs=1)
+    monkeypatch.setattr(run, "left_s", lambda: 480.0)
+    assert run._search_limit_s(3) == pytest.approx((480 - 3 * 90) / 3)
+    assert run._search_limit_s(1) == pytest.approx(480 - 90)
+    monkeypatch.setattr(run, "left_s", lambda: 100.0)
+    assert run._search_limit_s(2) == 30.0  # never under 30 s
+    capped = gpu_campaign.Campaign(tmp_path, dataclasses.replace(setting, measured_time_limit_s=60), 500, 90, 1)
+    monkeypatch.setattr(capped, "left_s", lambda: 480.0)
+    assert capped._search_limit_s(1) == 60

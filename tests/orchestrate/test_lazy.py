@@ -149,3 +149,21 @@ def test_a_time_limit_ends_the_measuring_with_the_cheapest_measured_plan_and_an_
     # the gap's lower bound never passes the true optimum
     assert plan.objective * (1 - plan.gap) <= unlimited.solution.objective * (1 + 1e-9)
     assert plan.optimal == (plan.gap == 0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_branch_and_cut_stops_at_a_cheaper_plan_of_unmeasured_kernels_and_the_next_solve_proves(seed):
+    """A proving round given stand-in columns stops at the first cheaper executable plan selecting one (it
+    is measured next), unproven; a stop never carries over to the solver's next run."""
+    from korch.orchestrate.solver import Solver
+
+    p, _ = setup(seed)
+    flagged = list(np.random.default_rng(seed).random(len(p.costs)) < 0.5)
+    solver = Solver(p)
+    stopped = solver.solve(p.costs, stop_for=flagged)
+    assert executes(p, stopped.order)
+    assert stopped.optimal or any(flagged[c] for c in stopped.order)
+    proven = solver.solve(p.costs)
+    assert proven.optimal and proven.objective == pytest.approx(solve(p).objective, rel=1e-9)
+    again = solver.solve(p.costs, stop_for=flagged)  # no cheaper plan: no stop, whatever the last run did
+    assert again.optimal and again.objective == pytest.approx(proven.objective, rel=1e-9)

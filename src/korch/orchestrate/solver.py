@@ -89,9 +89,12 @@ class Solver:
         self.h, self.upper = _build_model(ix, self.structural, cutsets)
 
     def solve(self, costs=None, *, time_limit: float | None = None, first: Sequence[bool] | None = None,
-              prove: bool = True) -> Solution:
+              prove: bool = True, stop_for: Sequence[bool] | None = None) -> Solution:
         """The cheapest executable plan under ``costs`` (default: the problem's). ``prove=False``: the plan of the
         relaxation's dive, without branch and cut to prove it (optimal only if the dive reached the bound).
+        ``stop_for``: columns whose costs are stand-ins (lazy measurement's floors); branch and cut stops at the
+        first better executable plan that selects one of them, unproven, so that it is measured before any
+        proof is tried.
         ``first``: the columns of a
         smaller program solved before, when this solver has no plan yet, whose optimum starts the search (a
         program with layout columns starts from its contiguous kernels: their optimum is often the whole
@@ -135,7 +138,7 @@ class Solver:
                     best = min(best, ix.repair(chosen, allowed, level, costs), key=value)
                 if not prove:
                     break
-                x, bound, exact = self._mip(best, deadline)
+                x, bound, exact = self._mip(best, deadline, stop_for and _StopFor(ix, stop_for, costs, value(best)))
                 lower = max(lower, bound)
             if x is None:
                 break
@@ -195,12 +198,24 @@ class Solver:
             h.changeColsBounds(n, cols, np.zeros(n), np.array(alive, dtype=float))
             h.changeColsIntegrality(n, cols, np.ones(n, dtype=np.uint8))
 
-    def _mip(self, best: list[int], deadline: float) -> tuple[list[float] | None, float, bool]:
-        """Branch and cut from the executable plan ``best``: (x or None, lower bound, proven optimal)."""
+    def _mip(self, best: list[int], deadline: float, watch: "_StopFor | None" = None) \
+            -> tuple[list[float] | None, float, bool]:
+        """Branch and cut from the executable plan ``best``: (x or None, lower bound, proven optimal); ``watch``
+        may stop it early."""
         h = self.h
         h.setOptionValue("time_limit", max(0.0, deadline - time.perf_counter()))
         _hint(h, self.ix, self.upper, best)
-        h.run()
+        # highspy's callback events are recent (1.15 has them); without them branch and cut runs to its end
+        watch = watch if watch and hasattr(h, "cbMipImprovingSolution") else None
+        if watch:
+            h.cbMipImprovingSolution.subscribe(watch.on_improving)
+            h.cbMipInterrupt.subscribe(watch.on_interrupt)
+        try:
+            h.run()
+        finally:
+            if watch:
+                h.cbMipImprovingSolution.unsubscribe(watch.on_improving)
+                h.cbMipInterrupt.unsubscribe(watch.on_interrupt)
         status, info = h.getModelStatus(), h.getInfo()
         if status != highspy.HighsModelStatus.kOptimal and status not in _STOPPED:
             raise RuntimeError(f"HiGHS failed on an orchestration problem: {h.modelStatusToString(status)}")
@@ -213,6 +228,35 @@ class Solver:
         rows = stuck_rows(self.ix, self.structural, stuck, avail)
         _add_rows(self.h, rows)
         self.cycle_cuts += len(rows)
+
+
+class _StopFor:
+    """HiGHS callbacks that stop branch and cut once it holds an executable plan cheaper than ``incumbent`` that
+    selects a flagged column: ``solve`` returns that plan, so each stop leads to a new measurement (HiGHS
+    honours a stop only in its interrupt callback, so the improving-solution callback raises a flag)."""
+
+    def __init__(self, ix: Index, flagged: Sequence[bool], costs: Sequence[float], incumbent: float):
+        self.ix, self.flagged, self.costs, self.incumbent = ix, np.asarray(flagged, dtype=bool), costs, incumbent
+        self.found = False
+
+    def __bool__(self) -> bool:
+        return bool(self.flagged.any())
+
+    def on_improving(self, event) -> None:
+        x = np.asarray(event.data_out.mip_solution[:self.ix.n])
+        chosen = np.flatnonzero(x > _CHOSEN)
+        if not self.flagged[chosen].any():
+            return
+        ran, _, avail = self.ix.run(self.ix.mask(chosen.tolist()))
+        if not all(avail[t] >= 0 for t in self.ix.required):
+            return  # its kernels wait on each other: solve would repair it, perhaps without the flagged columns
+        plan = self.ix.prune(ran)
+        cheaper = math.fsum(self.costs[c] for c in plan) < self.incumbent * (1 - _TOLERANCE)
+        if cheaper and self.flagged[plan].any():
+            self.found = True
+
+    def on_interrupt(self, event) -> None:
+        event.interrupt(self.found)  # explicitly: HiGHS keeps the flag of its last run's stop
 
 
 _STOPPED = {getattr(highspy.HighsModelStatus, s) for s in (

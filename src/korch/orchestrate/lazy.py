@@ -5,7 +5,8 @@ it); measured candidates cost their measured latency. Solve, measure the
 unmeasured kernels the plan selected, re-solve; stop when the plan selects only
 measured kernels and is proven optimal (a round before may take the plan of
 the relaxation's dive unproven: measuring what it selects is as good a next
-step, and only the last round must prove the optimum). That plan is optimal for the true latencies (the argument is
+step, and only the last round must prove the optimum; a proof that fails measures what the relaxation leaned on
+first). That plan is optimal for the true latencies (the argument is
 in docs/orchestration.md), usually after measuring a small part of the
 candidates. The solver keeps its model and cuts between rounds.
 """
@@ -102,10 +103,14 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         if not todo:
             if solution.optimal or time.perf_counter() >= deadline:
                 return LazyResult(_cheaper(solution, cheapest, lower), fresh, rounds)
-            if not quick:
-                budget *= 2  # all measured, unproven within the budget: prove again with twice the time
-            quick = False  # a dive's plan, all measured but unproven: the next round proves it or measures more
-            continue
+            # all measured, unproven: the relaxation's unmeasured columns hold its bound down at their floors;
+            # measured, they raise it toward the plan, which branch and cut then proves sooner
+            todo = [] if quick else [c for c in solver.relaxed if c not in known]
+            if not todo:
+                if not quick:
+                    budget *= 2  # nothing left to measure there: prove again with twice the time
+                quick = False  # a dive's plan, all measured but unproven: the next round proves it or measures more
+                continue
         quick = True
         if on_round is not None:
             on_round(rounds, len(todo))

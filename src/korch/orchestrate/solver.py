@@ -80,6 +80,7 @@ class Solver:
         self.ix = ix = Index(problem)
         self.cycle_cuts = 0
         self.last: list[int] = []  # the plan of the previous solve
+        self.relaxed: tuple[int, ...] = ()  # the columns the last root relaxation set above 0
         order, _, tlevel = ix.run([True] * ix.n)
         reason = ix.infeasible([True] * ix.n, tlevel)
         if reason:
@@ -180,6 +181,9 @@ class Solver:
                     x = None
                     break
                 objective = h.getInfo().objective_function_value
+                if root is None:
+                    root_x = np.asarray(h.getSolution().col_value[:n])
+                    self.relaxed = tuple(int(c) for c in np.flatnonzero(root_x > _INTEGRAL))
                 if root is None and incumbent * self.scale <= objective * (1 + _TOLERANCE):
                     return None, objective / self.scale, False
                 root = objective if root is None else root

@@ -46,14 +46,10 @@ def pointwise_shapes(path: str) -> collections.Counter:
 
 
 def median_s(fn, calls: int = 100) -> float:
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[calls // 2]
+    from interleaved_ort import round_median_s  # beside this script
+
+    round_median_s(fn, 10)  # warm-up
+    return round_median_s(fn, calls)
 
 
 def paths(batch: int, c_in: int, c_out: int, height: int, width: int, slot: int, unit: int) -> dict[str, float]:

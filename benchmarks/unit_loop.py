@@ -1,4 +1,5 @@
-"""An OUTDIR's compiled unit called in a loop for a while: what a sampling profiler watches.
+"""An OUTDIR's executable (its compiled unit, on a CPU) called in a loop for a while: what a sampling profiler
+watches.
 
 torch's profiler does not see the library calls inside an AOTInductor unit, and Inductor's kernel profile
 slows its kernels, so the unit's time is read from outside, with ``perf`` (native symbols: MKL, oneDNN's JIT
@@ -18,7 +19,7 @@ from pathlib import Path
 def main(argv=None) -> int:
     import torch
 
-    from korch.runtime import bundle, unit
+    import korch
     from korch.runtime.selfcheck import seeded_inputs
 
     argv = sys.argv[1:] if argv is None else argv
@@ -26,15 +27,14 @@ def main(argv=None) -> int:
         print("usage: python benchmarks/unit_loop.py OUTDIR SECONDS", file=sys.stderr)
         return 2
     outdir, seconds = Path(argv[0]), float(argv[1])
-    graph = bundle.graph_from_bytes((outdir / "graph.json").read_bytes(), (outdir / "weights.npz").read_bytes())
-    compiled = unit.CompiledUnit.from_bytes((outdir / unit.UNIT_FILE).read_bytes())
-    feed = seeded_inputs({n: (graph.tensors[n].shape, graph.tensors[n].dtype) for n in graph.inputs})
-    inputs = [torch.from_numpy(feed[n]) for n in graph.inputs]
+    executable = korch.load(outdir)
+    feed = seeded_inputs(executable.input_specs)
+    inputs = [torch.from_numpy(feed[name]) for name in executable.input_specs]
     for _ in range(20):
-        compiled(*inputs)
+        executable(*inputs)
     start, runs = time.perf_counter(), 0
     while time.perf_counter() - start < seconds:
-        compiled(*inputs)
+        executable(*inputs)
         runs += 1
     print(f"{runs} runs, {(time.perf_counter() - start) / runs * 1e3:.2f} ms a run")
     return 0

@@ -96,7 +96,7 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         # a proving round stops at a better plan that selects unmeasured kernels: measuring them comes first
         # (Candy's layout program: rounds of branch and cut were most of a 10-minute search)
         solution = solver.solve(costs, time_limit=None if math.isinf(limit) else limit, first=first,
-                                prove=not quick, stop_for=[c not in known for c in range(len(bounds))])
+                                prove=not quick, stop_for=None if quick else [c not in known for c in range(len(bounds))])
         rounds += 1
         lower = max(lower, solution.objective * (1 - solution.gap))
         todo = [c for c in solution.order if c not in known]

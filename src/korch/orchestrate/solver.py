@@ -139,7 +139,9 @@ class Solver:
                     best = min(best, ix.repair(chosen, allowed, level, costs), key=value)
                 if not prove:
                     break
-                x, bound, exact = self._mip(best, deadline, stop_for and _StopFor(ix, stop_for, costs, value(best)))
+                watch = _StopFor(ix, stop_for, costs, value(best)) if stop_for is not None and any(stop_for) \
+                    else None
+                x, bound, exact = self._mip(best, deadline, watch)
                 lower = max(lower, bound)
             if x is None:
                 break
@@ -181,14 +183,13 @@ class Solver:
                     x = None
                     break
                 objective = h.getInfo().objective_function_value
+                x = np.array(h.getSolution().col_value[:n])
                 if root is None:
-                    root_x = np.asarray(h.getSolution().col_value[:n])
-                    self.relaxed = tuple(int(c) for c in np.flatnonzero(root_x > _INTEGRAL))
-                if root is None and incumbent * self.scale <= objective * (1 + _TOLERANCE):
-                    return None, objective / self.scale, False
+                    self.relaxed = tuple(int(c) for c in np.flatnonzero(x > _INTEGRAL))
+                    if incumbent * self.scale <= objective * (1 + _TOLERANCE):
+                        return None, objective / self.scale, False
                 root = objective if root is None else root
                 exact = objective <= root + _TOLERANCE * abs(root)
-                x = np.array(h.getSolution().col_value[:n])
                 frac = np.flatnonzero((x > _INTEGRAL) & (x < 1 - _INTEGRAL))
                 if not len(frac):
                     break
@@ -210,14 +211,14 @@ class Solver:
         h.setOptionValue("time_limit", max(0.0, deadline - time.perf_counter()))
         _hint(h, self.ix, self.upper, best)
         # highspy's callback events are recent (1.15 has them); without them branch and cut runs to its end
-        watch = watch if watch and hasattr(h, "cbMipImprovingSolution") else None
-        if watch:
+        watch = watch if hasattr(h, "cbMipImprovingSolution") else None
+        if watch is not None:
             h.cbMipImprovingSolution.subscribe(watch.on_improving)
             h.cbMipInterrupt.subscribe(watch.on_interrupt)
         try:
             h.run()
         finally:
-            if watch:
+            if watch is not None:
                 h.cbMipImprovingSolution.unsubscribe(watch.on_improving)
                 h.cbMipInterrupt.unsubscribe(watch.on_interrupt)
         status, info = h.getModelStatus(), h.getInfo()
@@ -242,9 +243,6 @@ class _StopFor:
     def __init__(self, ix: Index, flagged: Sequence[bool], costs: Sequence[float], incumbent: float):
         self.ix, self.flagged, self.costs, self.incumbent = ix, np.asarray(flagged, dtype=bool), costs, incumbent
         self.found = False
-
-    def __bool__(self) -> bool:
-        return bool(self.flagged.any())
 
     def on_improving(self, event) -> None:
         x = np.asarray(event.data_out.mip_solution[:self.ix.n])

@@ -17,3 +17,10 @@ def test_the_units_line_says_how_its_layouts_and_pointwise_convolutions_were_cho
     assert "packed for oneDNN; values a convolution reads stored channels-last between kernels" in line
     assert "as given to ATen 9.5 ms" in line
     assert ("1x1 convolutions" in line) == bool(words) and (not words or words in line)
+
+
+def test_a_unit_variant_that_failed_to_compile_is_named_with_its_error():
+    unit = {"weights": "as given to ATen", "measured_ms": {},
+            "failed": {"packed for oneDNN": "RuntimeError: no oneDNN here"}}
+    lines = _executable({"runs": "compiled unit", "unit": unit})
+    assert "- the unit's variant 'packed for oneDNN' failed to compile: RuntimeError: no oneDNN here" in lines

@@ -2,11 +2,13 @@
 kernels apart, and refuses (one line, exit 2) a damaged package or one built for another torch or CPU."""
 
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import numpy as np
 import onnx
@@ -228,7 +230,34 @@ def test_the_unit_is_the_fastest_of_its_weight_variants(monkeypatch):
 
     monkeypatch.setattr(unit, "compile_unit", packed_fails)
     _, choice = unit.choose_unit(result.graph, result.plan)
-    assert choice == {"weights": "as given to ATen", "measured_ms": {}}
+    assert choice["weights"] == "as given to ATen" and choice["measured_ms"] == {}
+    assert choice["failed"] == {name: "RuntimeError: no oneDNN here"
+                                for name, variant in unit.VARIANTS.items() if variant.prepack}
+
+
+def _wrapper_code(package: bytes) -> str:
+    with zipfile.ZipFile(io.BytesIO(package)) as archive:
+        return "".join(archive.read(n).decode() for n in archive.namelist() if n.endswith(".wrapper.cpp"))
+
+
+def test_a_units_weights_are_packed_as_its_variant_says_whatever_the_process_compiled_before():
+    """Inductor decides once per process whether frozen compiles pack their weights (on the first); a unit's
+    variant must decide for itself, in either order: a 3x3 convolution is oneDNN's packed one only when packed."""
+    result = optimize(_pointwise_model(), target="cpu", cost="roofline")
+
+    def packed(name: str) -> bool:
+        code = _wrapper_code(unit.compile_unit(result.graph, result.plan, "cpu", unit.VARIANTS[name]))
+        return "mkldnn__convolution_pointwise" in code
+
+    order = ["as given to ATen", "packed for oneDNN", "as given to ATen", "packed for oneDNN"]
+    assert [packed(name) for name in order] == [False, True, False, True]
+    from torch._inductor.fx_passes import freezing_patterns
+
+    with unit.weight_packing(False):
+        pass
+    entries = [e for p in freezing_patterns.pass_patterns for v in p.patterns.values() for e in v]
+    assert any(not hasattr(e, "handler") for e in entries)  # Inductor's other patterns survive a compile
+    assert any("mkldnn_fusion" in getattr(getattr(e, "handler", None), "__module__", "") for e in entries)
 
 
 def test_a_network_with_convolutions_has_its_boundary_layout_measured_too():

@@ -58,6 +58,8 @@ def _executable(x: dict | None) -> list[str]:
                 layout += "; 1x1 convolutions " + ("as products" if pointwise == "products" else "by the library")
             lines.append(f"- the unit's weights: {x['unit']['weights']}{layout}; the fastest as measured ("
                          + ", ".join(f"{name} {ms:.3g} ms" for name, ms in measured.items()) + ")")
+        for name, why in x.get("unit", {}).get("failed", {}).items():
+            lines.append(f"- the unit's variant {name!r} failed to compile: {why}")
     elif x.get("runs"):
         lines.append(f"- runs kernel by kernel: no compiled unit ({x.get('unit', {}).get('why_not', '')})")
     check = x.get("check")

@@ -62,7 +62,7 @@ from korch.ir.interpret import as_torch
 from korch.ir.ops import Op
 from korch.ir.sizes import SizeFunctions
 from korch.orchestrate.plan import Plan
-from korch.runtime.boundaries import LAYOUT, TAG, kernel_boundaries
+from korch.runtime.boundaries import LAYOUT, TAG, kernel_boundaries, weight_packing
 
 UNIT_FILE = "model.pt2"
 PLANNED = "as planned"    # a unit's boundaries when the plan chose each value's layout
@@ -225,7 +225,8 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
         # them into one malloc'd block, whose alignment follows malloc's history (a ViT block's unit with
         # ATen's GEMMs: 20-21 ms mapped; 21-25 ms copied; 29.5 ms when malloc maps every large block itself)
         with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, \
-                kernel_boundaries(variant.channels_last_boundaries, variant.planned_layouts), torch.no_grad(), \
+                kernel_boundaries(variant.channels_last_boundaries, variant.planned_layouts), \
+                weight_packing(variant.prepack), torch.no_grad(), \
                 torch._inductor.config.patch({"freezing": True, "cpp.weight_prepack": variant.prepack,
                                               "aot_inductor.force_mmap_weights": True}):
             path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))
@@ -246,14 +247,14 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     boundaries = config.checked_unit_boundaries(config.unit_boundaries)
     convolutions = any(node.op in (Op.CONV, Op.CONV_TRANSPOSE) for node in graph.nodes)
     built: dict[str, _Built] = {}
-    errors = []
+    errors: dict[str, Exception] = {}
 
     def add(name: str, variant: Variant) -> None:
         try:
             data = compile_unit(graph, plan, device, variant, size_range)
             built[name] = _Built(data, CompiledUnit.from_bytes(data), variant)
         except Exception as exc:  # Inductor's failures are many: the other variant may compile
-            errors.append(exc)
+            errors[name] = exc
 
     def challenge(best: str, name: str, change: dict, label: str) -> bool:
         """Compile ``best`` changed as ``change`` (as ``name``); the two take turns; whether it is faster."""
@@ -270,7 +271,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
             add(name, dataclasses.replace(variant, channels_last_boundaries=boundaries != "nchw",
                                           planned_layouts=planned))
     if not built:
-        raise errors[0] if errors else KorchError("no compiled unit: no variant applies to this graph")
+        raise next(iter(errors.values())) if errors else KorchError("no compiled unit: no variant applies to this graph")
     inputs = example_inputs(graph, device)
     seconds = _median_seconds({name: b.unit for name, b in built.items()}, inputs, device)
     best = min(seconds, key=seconds.get) if seconds else next(iter(built))
@@ -289,6 +290,9 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         if challenge(best, by_library, {"pointwise_products": False}, "pointwise convolutions as products"):
             best, choice["pointwise convolutions"] = by_library, "library"
     choice["measured_ms"] = {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}
+    if errors:  # recorded, so that a variant that never compiles is seen (the manifest, report.md)
+        choice["failed"] = {n: f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+                            for n, e in errors.items()}
     if built[best].variant.ort_kernels:
         choice["libraries"] = [ort_gemm.LIBRARY_FILE]
     return built[best].data, choice

@@ -3,6 +3,7 @@ however fast, its compile is not timed, and a build worker that dies is a failur
 (Triton kernels run in the interpreter here: tests/conftest.py sets TRITON_INTERPRET=1.)"""
 
 import concurrent.futures
+import threading
 from concurrent.futures.process import BrokenProcessPool
 import dataclasses
 
@@ -73,6 +74,7 @@ def test_a_worker_that_dies_fails_its_kernel_and_the_next_batch_gets_a_fresh_poo
     measurer = KernelMeasurer.__new__(KernelMeasurer)
     measurer.device, measurer.jobs, measurer.target, measurer._pool = "cuda", 2, "h100", DeadPool()
     measurer.time_in_workers, measurer._device_lock = True, None
+    measurer._barrier, measurer._batches = threading.Barrier(1), 0
     graph = kernel([helper.make_node("Relu", ["x"], ["y"])], {"x": (4,)}, {"y": (4,)})
 
     class Backend:
@@ -107,6 +109,7 @@ def test_cpu_kernels_are_built_in_chunks_and_a_dead_chunk_is_built_again_kernel_
     measurer = KernelMeasurer.__new__(KernelMeasurer)
     measurer.device, measurer.jobs, measurer.target, measurer._pool = "cpu", 2, "cpu", None
     measurer.time_in_workers, measurer._device_lock = False, None
+    measurer._barrier, measurer._batches = threading.Barrier(1), 0
     graph = kernel([helper.make_node("Relu", ["x"], ["y"])], {"x": (4,)}, {"y": (4,)})
 
     class Backend:

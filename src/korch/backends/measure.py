@@ -14,12 +14,14 @@ Builds and checks run in parallel worker processes (``jobs``), in chunks of
 kernels whose C++ compiles in one compiler run (``cpp_batch.py``); they fill
 the compilers' on-disk caches, so the main process rebuilds from cache and
 times kernels one at a time (timings taken in parallel would disturb each
-other). On a GPU the workers time their kernels themselves, one worker at a
-time (a lock): timings run on the device while the others compile on the
-host's cores, and no kernel is rebuilt here (the H100's BERT-layer search
-spent 187 s timing in the main process, most of it rebuilding from caches,
-after 106 s of builds). On a CPU the builds occupy the cores a timing needs,
-so this process times after the last build.
+other). The workers time their kernels themselves, one worker at a time (a lock),
+so that no kernel is rebuilt here (the H100's BERT-layer search spent 187 s
+timing in the main process, most of it rebuilding from caches, after 106 s of
+builds; Candy's CPU search 40 s of 260). On a GPU they time as they build:
+timings run on the device while the others compile on the host's cores. On
+a CPU the builds occupy the cores a timing needs, so each worker keeps what it
+built until every build of the batch is done, then the workers time in turn
+(``_time_held``; a barrier puts one such task on each worker).
 
 A kernel is timed through its Python call (a compiled Inductor function, a
 torch operator), a path the executable does not take: a CPU executable is one
@@ -85,8 +87,8 @@ class MeasureStats:
     measured: int = 0         # kernels built, checked and timed here (signature x backend)
     below_bound: int = 0      # measurements under the lower bound, raised to it
     disturbed: int = 0        # kernels timed while other processes held the cores in every try
-    build_s: float = 0.0      # wall seconds building and checking kernels (workers in parallel; on a GPU they
-                              # time them too)
+    build_s: float = 0.0      # wall seconds building and checking kernels (workers in parallel), and their
+                              # timing where the workers time
     timing_s: float = 0.0     # seconds timing them, one at a time (in this process; on a GPU in the workers)
     failures: list[Failure] = dataclasses.field(default_factory=list)
 
@@ -137,14 +139,31 @@ def _build_and_check(backend: Backend, kernel: Graph, device: str) -> _Checked:
     return failed or _check_built(built, kernel, device)
 
 
-# In a build worker on a GPU: the lock every worker holds while it times, so that timings run one at a time
-_DEVICE_LOCK = None
+# In a build worker: the lock every worker holds while it times, so that timings run one at a time; the barrier
+# every worker's _time_held task meets first; a CPU batch's checked kernels held until timed, by (batch, index)
+_DEVICE_LOCK = _BARRIER = _ARENA = None
+_HELD: dict[tuple[int, int], tuple["_Checked", Graph]] = {}
 DEVICE_LOCK_WAIT_S = 120  # a worker that died holding the lock must not hang the search: time without it
 
 
-def _hold_device_lock(lock) -> None:
-    global _DEVICE_LOCK
-    _DEVICE_LOCK = lock
+def _hold_device_lock(lock, barrier=None) -> None:
+    global _DEVICE_LOCK, _BARRIER
+    _DEVICE_LOCK, _BARRIER = lock, barrier
+
+
+def _time_held(batch: int, device: str) -> dict[int, "_Checked"]:
+    """In a build worker, once every build of ``batch`` is done (a CPU): time the kernels this worker holds, one
+    worker at a time; every worker runs one such task (the barrier), so every held kernel is timed."""
+    global _ARENA
+    _BARRIER.wait(timeout=DEVICE_LOCK_WAIT_S)
+    _ARENA = _ARENA or RandomArena(device)  # its random pools are drawn once per worker
+    timed = {}
+    for (held_batch, index), (checked, kernel) in list(_HELD.items()):
+        if held_batch == batch:
+            _time_checked(checked, kernel, _ARENA, device, _DEVICE_LOCK)
+            checked.built, timed[index] = None, checked
+    _HELD.clear()
+    return timed
 
 
 @contextlib.contextmanager
@@ -158,10 +177,11 @@ def _device_held(lock) -> Iterator[None]:
 
 
 def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy: str, threads: int,
-            timed: bool = False) -> list[_Checked]:
+            timed: bool = False, held: tuple[int, Sequence[int]] | None = None) -> list[_Checked]:
     """Build and check ``jobs`` (kernel, backend name) in a build worker: every kernel is built before any is
     checked, so that the C++ of Inductor's kernels compiles in one compiler run (``cpp_batch``). ``timed``:
-    time each kernel that checks here too, holding the pool's device lock (a GPU: see ``KernelMeasurer``)."""
+    time each kernel that checks here too, holding the pool's device lock (a GPU: see ``KernelMeasurer``).
+    ``held`` (batch, each job's index in it): keep each kernel that checks for ``_time_held`` (a CPU)."""
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     # the parent's thread count, not one: Inductor writes it into a CPU kernel's parallel loops, so a kernel
     # built here for one thread is not the one the parent times, which it would compile again (0.5-3 s each)
@@ -176,6 +196,10 @@ def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy:
             arena = RandomArena(device)
             for result, (kernel, _) in zip(checked, jobs):
                 _time_checked(result, kernel, arena, device, _DEVICE_LOCK)
+    if held is not None:
+        batch, indices = held
+        _HELD.update({(batch, i): (dataclasses.replace(r), k) for i, r, (k, _) in zip(indices, checked, jobs)
+                      if r.status == "ok"})
     for result in checked:
         result.built = None  # kernels do not cross processes; the main process rebuilds from the caches
     return checked
@@ -240,10 +264,11 @@ class KernelMeasurer:
         self._calling_s: dict[str, float] = {}  # backend -> its calling cost (see the module docstring)
         self._arena = RandomArena(self.device)  # the timing inputs
         self._conversions: dict[tuple, float] = {}  # (shape, dtype, layout) -> seconds (conversion_s)
-        # on a GPU the build workers time too, one at a time under this lock (timings on the device, builds on
-        # the host's cores); on a CPU the builds would disturb timings taken beside them: this process times
-        self.time_in_workers = self.device != "cpu"
-        self._device_lock = multiprocessing.get_context("spawn").Lock()
+        # the build workers time, one at a time under this lock: on a GPU as they build (timings on the device,
+        # builds on the host's cores), on a CPU once the batch's builds are done (they would disturb timings)
+        self.time_in_workers = True
+        context = multiprocessing.get_context("spawn")
+        self._device_lock, self._barrier, self._batches = context.Lock(), context.Barrier(self.jobs), 0
 
     # -- the oracle ---------------------------------------------------------------------
 
@@ -324,6 +349,7 @@ class KernelMeasurer:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+            self._barrier.reset()  # a barrier broken by a worker that died would stay broken for the next pool
 
     # -- measuring ---------------------------------------------------------------------
 
@@ -365,12 +391,16 @@ class KernelMeasurer:
         if self.device == "cpu" and (self.jobs == 1 or len(todo) < 2):
             return [_build_and_check(b, kernels[s], self.device) for s, b in todo]
         if self._pool is None:
-            self._pool = workers.pool(self.jobs, functools.partial(_hold_device_lock, self._device_lock))
+            self._pool = workers.pool(self.jobs, functools.partial(_hold_device_lock, self._device_lock,
+                                                                   self._barrier))
         cpu = self.device == "cpu"
         chunks = _chunks(len(todo), self.jobs, chunk if cpu else 1)
         threads = torch.get_num_threads() if cpu else 1  # a GPU kernel's code does not depend on it
+        self._batches += 1
+        hold = cpu and self.time_in_workers
         futures = [self._pool.submit(_worker, self.target, [(kernels[todo[i][0]], todo[i][1].name) for i in c],
-                                     self.device, precision.current().name, threads, self.time_in_workers)
+                                     self.device, precision.current().name, threads,
+                                     self.time_in_workers and not cpu, (self._batches, c) if hold else None)
                    for c in chunks]
         results: list[_Checked | None] = [None] * len(todo)
         alone, died = [], False
@@ -384,6 +414,13 @@ class KernelMeasurer:
                     alone += indices  # which kernel killed it is not known: each is built again alone
                 else:
                     results[indices[0]] = _Checked("build_failed", "worker died: " + one_line(exc, MESSAGE_CHARS))
+        if hold and not died:
+            try:  # one task per worker (the barrier): each times what it holds
+                for future in [self._pool.submit(_time_held, self._batches, self.device) for _ in range(self.jobs)]:
+                    for i, checked in future.result().items():
+                        results[i] = checked
+            except Exception:  # a worker that died or never came: what was not timed there is timed here
+                died = True
         if died:
             self.close()  # a broken pool takes no more work: the next batch starts a fresh one
         if alone:

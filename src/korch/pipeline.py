@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import time
 import warnings
@@ -194,7 +195,9 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
     stats = {"primitive_nodes": len(graph.nodes), "candidates": len(candidates.candidates),
              "stage_seconds": dict(stage.seconds)}  # the planning stages
     if measurer is not None:
-        stats["measurement"] = measurement_stats(measurer)
+        stats["measurement"] = measurement_stats(measurer) | {
+            "solves": sum(r.solves for r in segment_reports), "proofs": sum(r.proofs for r in segment_reports),
+            "solve_s": math.fsum(r.solve_s for r in segment_reports)}
         _warn_if_disturbed(stats["measurement"])
     if layouts:
         stats["layouts"] = "chosen"

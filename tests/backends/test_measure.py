@@ -120,6 +120,10 @@ def test_parallel_workers_build_and_check(tmp_path):
     result = optimize(_model(), target="cpu", cost="measured", db=tmp_path / "p.sqlite", jobs=2, max_kernel_nodes=2)
     m = result.plan.stats["measurement"]
     assert m["kernels_measured"] > 0 and not m["failures"]
+    # what the search's solves took, beside its measuring: per segment and in all
+    segments = result.plan.segments
+    assert m["solves"] == sum(s.solves for s in segments) >= len(segments) and 0 <= m["proofs"] <= m["solves"]
+    assert 0 < m["solve_s"] == pytest.approx(sum(s.solve_s for s in segments))
 
 
 def test_the_solver_sees_measured_latency_less_the_calling_cost(monkeypatch, tmp_path):

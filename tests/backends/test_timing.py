@@ -97,6 +97,14 @@ def test_runs_stop_at_the_budget_once_the_minimum_is_in(clock):
     assert time_kernel(free, device="cpu", warmup_s=0, repeats=3, min_repeats=10, budget_s=0).runs == 3
 
 
+def test_a_cpu_kernel_is_timed_for_the_cpu_budget_unless_told_otherwise(clock):
+    """Half of a CPU search's measuring was timing at the GPU's budget: a CPU kernel's default is its own."""
+    fast = kernel(clock, lambda k, i: MS)
+    runs = time_kernel(fast, device="cpu", warmup=1, warmup_s=0).runs
+    assert timing.CPU_BUDGET_S < timing.BUDGET_S and abs(runs - timing.CPU_BUDGET_S / MS) <= 2
+    assert time_kernel(fast, device="cpu", warmup=1, warmup_s=0, budget_s=timing.BUDGET_S).runs == 100
+
+
 def test_warm_up_calls_happen_before_timed_calls_and_are_not_timed(clock):
     call = kernel(clock, lambda k, i: 50 * MS if k < 3 else MS)  # compiles on its first three calls
     result = time_kernel(call, device="cpu", warmup=3, warmup_s=0, repeats=6)

@@ -52,6 +52,8 @@ class LazyResult:
     solution: Solution
     measured: dict[int, float]   # what this call measured through the oracle (not the ``measured`` passed in)
     rounds: int                  # solves
+    solve_s: float = 0.0         # seconds in them
+    proofs: int = 0              # of them, rounds of branch and cut (the rest: the relaxation's dive)
 
 
 def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, *,
@@ -83,7 +85,7 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     known = {c: float(v) for c, v in (measured or {}).items()}
     fresh: dict[int, float] = {}
     solver = Solver(problem)
-    rounds, quick, budget = 0, True, PROOF_BUDGET_S
+    rounds, quick, budget, solve_s, proofs = 0, True, PROOF_BUDGET_S, 0.0, 0
     deadline = math.inf if time_limit is None else time.perf_counter() + time_limit
     lower, cheapest = 0.0, None  # the highest lower bound proved, the cheapest plan whose kernels are all measured
     while True:
@@ -97,12 +99,12 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         # (Candy's layout program: rounds of branch and cut were most of a 10-minute search)
         solution = solver.solve(costs, time_limit=None if math.isinf(limit) else limit, first=first,
                                 prove=not quick, stop_for=None if quick else [c not in known for c in range(len(bounds))])
-        rounds += 1
+        rounds, solve_s, proofs = rounds + 1, solve_s + solution.seconds, proofs + (not quick)
         lower = max(lower, solution.objective * (1 - solution.gap))
         todo = [c for c in solution.order if c not in known]
         if not todo:
             if solution.optimal or time.perf_counter() >= deadline:
-                return LazyResult(_cheaper(solution, cheapest, lower), fresh, rounds)
+                return LazyResult(_cheaper(solution, cheapest, lower), fresh, rounds, solve_s, proofs)
             # all measured, unproven: the relaxation's unmeasured columns hold its bound down at their floors;
             # measured, they raise it toward the plan, which branch and cut then proves sooner
             todo = [] if quick else [c for c in solver.relaxed if c not in known]
@@ -124,7 +126,7 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         if math.isfinite(measured_plan.objective):
             cheapest = _cheaper(measured_plan, cheapest, lower)
         if cheapest is not None and time.perf_counter() >= deadline:
-            return LazyResult(_cheaper(cheapest, None, lower), fresh, rounds)
+            return LazyResult(_cheaper(cheapest, None, lower), fresh, rounds, solve_s, proofs)
 
 
 def _priced(solution: Solution, known: Mapping[int, float]) -> Solution:

@@ -58,6 +58,9 @@ class SegmentReport:
     optimal: bool
     gap: float
     cycle_cuts: int
+    solves: int = 1             # the program solved this often (a measured search: once per lazy round)
+    proofs: int = 0             # of them, rounds of branch and cut
+    solve_s: float = 0.0        # seconds in the solves (the rest of a measured search is measuring)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

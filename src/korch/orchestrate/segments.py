@@ -51,18 +51,21 @@ class _SegmentOracle:
 
 
 def _solve_segment(problem, ids, bounds, measurer, time_limit, first):
-    """The segment's solution, with measured latencies when a measurer is given: (solution, latency by local id).
-    Local ids past ``ids`` are layout conversions, priced in ``problem.costs`` already; ``first``, the columns
-    whose optimum starts the search (``Solver.solve``)."""
+    """The segment's solution, with measured latencies when a measurer is given: (solution, latency by local id,
+    what the solves took: ``SegmentReport``'s solves, proofs and solve_s). Local ids past ``ids`` are layout
+    conversions, priced in ``problem.costs`` already; ``first``, the columns whose optimum starts the search
+    (``Solver.solve``)."""
     if measurer is None:
-        return solve(problem, time_limit=time_limit, first=first), {}
+        solution = solve(problem, time_limit=time_limit, first=first)
+        return solution, {}, {"solves": 1, "proofs": 1, "solve_s": solution.seconds}
     moves = range(len(ids), len(problem.costs))
     local_bounds = [bounds[i] for i in ids] + [problem.costs[c] for c in moves]
     known = measurer.known(ids)
     measured = {c: known[i] for c, i in enumerate(ids) if i in known} | {c: problem.costs[c] for c in moves}
     result = solve_lazily(problem, local_bounds, _SegmentOracle(measurer, ids), measured=measured,
                           time_limit=time_limit, first=first)
-    return result.solution, {**measured, **result.measured}
+    return result.solution, {**measured, **result.measured}, {"solves": result.rounds, "proofs": result.proofs,
+                                                              "solve_s": result.solve_s}
 
 
 def solve_segments(graph: Graph, candidates: CandidateSet, segments: Sequence[Segment], bounds: Sequence[float],
@@ -80,8 +83,8 @@ def solve_segments(graph: Graph, candidates: CandidateSet, segments: Sequence[Se
             on_segment(number, len(segments))
         problem, ids, conversions = segment_problem(graph, candidates, segment, bounds, conversion_cost)
         remaining = None if deadline is None else max(deadline - time.perf_counter(), 0.5)
-        solution, latencies = _solve_segment(problem, ids, bounds, measurer, remaining,
-                                             contiguous_columns(candidates, ids, conversions))
+        solution, latencies, solving = _solve_segment(problem, ids, bounds, measurer, remaining,
+                                                      contiguous_columns(candidates, ids, conversions))
         for local in solution.order:
             if local >= len(ids):
                 move = conversions[local - len(ids)]
@@ -101,5 +104,5 @@ def solve_segments(graph: Graph, candidates: CandidateSet, segments: Sequence[Se
         reports.append(SegmentReport(
             nodes=len(segment.nodes), candidates=len(ids), exact=segment.exact, dropped=segment.dropped,
             kernels=len(solution.order), objective_s=solution.objective, seconds=solution.seconds,
-            optimal=solution.optimal, gap=solution.gap, cycle_cuts=solution.cycle_cuts))
+            optimal=solution.optimal, gap=solution.gap, cycle_cuts=solution.cycle_cuts, **solving))
     return kernels, reports, moves

@@ -156,6 +156,13 @@ def test_calling_cost_is_measured_on_an_empty_kernel(backend):
     assert 0.0 < measure.calling_cost_s(backend, "cpu") < 0.01
 
 
+def test_the_calling_cost_is_the_fastest_empty_call_not_a_noisy_median(monkeypatch):
+    from korch.backends.timing import Timing
+
+    monkeypatch.setattr(measure, "time_kernel", lambda call, device: (call(0), Timing(8.1e-6, 5.2e-6, 100))[1])
+    assert measure.calling_cost_s(registry.LibraryBackend(), "cpu") == 5.2e-6
+
+
 def test_db_check_compares_every_measured_kernel_with_its_floor(tmp_path, capsys):
     """``korch db check`` names every measured kernel faster than its floor (a floor the measurements disprove)
     and exits 1 when there is one: a kernel planted below its floor joins whatever this machine already shows."""

@@ -11,11 +11,10 @@ backend builds correctly costs ``inf`` (the solver never picks it) and each
 failure is kept, with its reason, for the report.
 
 Builds and checks run in parallel worker processes (``jobs``), in chunks of
-kernels whose C++ compiles in one compiler run (``cpp_batch.py``); they fill
-the compilers' on-disk caches, so the main process rebuilds from cache and
-times kernels one at a time (timings taken in parallel would disturb each
-other). The workers time their kernels themselves, one worker at a time (a lock),
-so that no kernel is rebuilt here (the H100's BERT-layer search spent 187 s
+kernels whose C++ compiles in one compiler run (``cpp_batch.py``), and fill the
+compilers' on-disk caches. The workers time their kernels themselves, one worker
+at a time (a lock: timings taken in parallel would disturb each other), so that
+no kernel is rebuilt here (the H100's BERT-layer search spent 187 s
 timing in the main process, most of it rebuilding from caches, after 106 s of
 builds; Candy's CPU search 40 s of 260). On a GPU they time as they build:
 timings run on the device while the others compile on the host's cores. On
@@ -201,7 +200,7 @@ def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy:
         _HELD.update({(batch, i): (dataclasses.replace(r), k) for i, r, (k, _) in zip(indices, checked, jobs)
                       if r.status == "ok"})
     for result in checked:
-        result.built = None  # kernels do not cross processes; the main process rebuilds from the caches
+        result.built = None  # kernels do not cross processes (one not timed in a worker is rebuilt from the caches)
     return checked
 
 

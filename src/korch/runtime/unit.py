@@ -56,7 +56,7 @@ import torch
 
 from korch.backends import ort_gemm, ort_steps
 from korch.backends.torch_ops import is_pointwise_conv, node_function, runs_in_torch
-from korch.errors import KorchError
+from korch.errors import KorchError, one_line
 from korch.ir.graph import Graph
 from korch.ir.interpret import as_torch
 from korch.ir.ops import Op
@@ -291,8 +291,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
             best, choice["pointwise convolutions"] = by_library, "library"
     choice["measured_ms"] = {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}
     if errors:  # recorded, so that a variant that never compiles is seen (the manifest, report.md)
-        choice["failed"] = {n: f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
-                            for n, e in errors.items()}
+        choice["failed"] = {n: one_line(e, 200) for n, e in errors.items()}
     if built[best].variant.ort_kernels:
         choice["libraries"] = [ort_gemm.LIBRARY_FILE]
     return built[best].data, choice

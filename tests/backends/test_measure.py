@@ -211,7 +211,10 @@ def test_a_build_worker_compiles_the_kernel_the_parent_times(monkeypatch):
         build = cpp_builder.CppBuilder.build
         monkeypatch.setattr(cpp_builder.CppBuilder, "build", lambda self: compiles.append(self) or build(self))
         hits = counters["inductor"]["fxgraph_cache_hit"]
-        registry.InductorBackend().build(kernel, "cpu")
+        # under the run's precision, as the worker built it and as a search builds: the cache keys torch's
+        # TF32 switches, and a process that never set them ("none") differs from one that set them off ("ieee")
+        with precision.applied():
+            registry.InductorBackend().build(kernel, "cpu")
         assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1  # not even lowered again
     finally:
         torch.set_num_threads(threads)

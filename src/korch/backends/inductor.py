@@ -30,12 +30,13 @@ import torch
 from korch.backends.base import BuildError, stored_as
 from korch.backends.check import random_inputs
 from korch.backends.torch_ops import kernel_function
+from korch.backends.vector_exp import fast_vector_exp
 from korch.errors import one_line
 from korch.ir import dtypes
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
 
-VERSION = "3"  # 3: CPU kernels return their outputs
+VERSION = "4"  # 3: CPU kernels return their outputs; 4: their float32 exp is ATen's exp_u20 (vector_exp.py)
 _KERNEL_DEFINITIONS = re.compile(r"async_compile\.(cpp_pybinding|cpp|triton)\(")
 _LIBRARY_CALLS = re.compile(r"\b(extern_kernels\.\w+|torch\.ops\.\w+\.\w+(?:\.\w+)?)\(")
 
@@ -107,7 +108,7 @@ class InductorKernel:
                 _returning_outputs(function, [t.layout for t in self._outputs])
             graph_module = make_fx(traced)(*examples)
             # compiled, not run: a build worker compiles its kernels' C++ together before any runs (cpp_batch.py)
-            with _cacheable(examples) as fakes:
+            with _cacheable(examples) as fakes, fast_vector_exp():
                 self.fn, codes = run_and_get_code(compile_fx, graph_module, fakes)
         except Exception as exc:  # Inductor's failures are many and varied; the kernel is dropped, not the run
             raise BuildError(f"{self.backend}: {one_line(exc)}") from exc

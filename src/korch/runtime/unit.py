@@ -56,6 +56,7 @@ import torch
 
 from korch.backends import ort_gemm, ort_steps
 from korch.backends.torch_ops import is_pointwise_conv, node_function, runs_in_torch
+from korch.backends.vector_exp import fast_vector_exp
 from korch.errors import KorchError, one_line
 from korch.ir.graph import Graph
 from korch.ir.interpret import as_torch
@@ -226,7 +227,7 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
         # ATen's GEMMs: 20-21 ms mapped; 21-25 ms copied; 29.5 ms when malloc maps every large block itself)
         with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, \
                 kernel_boundaries(variant.channels_last_boundaries, variant.planned_layouts), \
-                weight_packing(variant.prepack), torch.no_grad(), \
+                weight_packing(variant.prepack), fast_vector_exp(), torch.no_grad(), \
                 torch._inductor.config.patch({"freezing": True, "cpp.weight_prepack": variant.prepack,
                                               "aot_inductor.force_mmap_weights": True}):
             path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))

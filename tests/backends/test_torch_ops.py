@@ -8,6 +8,7 @@ import torch
 from onnx import TensorProto, helper
 
 from korch.backends.torch_ops import kernel_function
+from korch.ir.ops import Op
 from korch.ir.ort import run_model
 from korch.pipeline import load_model
 
@@ -189,3 +190,51 @@ def test_a_pointwise_convolution_is_a_product_that_copies_nothing(channels_last)
     assert "bmm" in ops.called
     assert not {"convolution", "clone", "copy_", "contiguous", "_unsafe_view"} & set(ops.called), ops.called
     assert got.is_contiguous(memory_format=memory_format)
+
+
+def _mish_model(op_type="Mish"):
+    nodes = [helper.make_node("Mish", ["x"], ["y"])] if op_type == "Mish" else \
+        [helper.make_node("Softplus", ["x"], ["s"]), helper.make_node("Tanh", ["s"], ["t"]),
+         helper.make_node("Mul", ["x", "t"], ["y"])]
+    return _model(nodes, {"x": (F, (40,))}, {"y": (F, (40,))}, {})
+
+
+MISH_EDGES = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-7, 0.5, -0.5, 3.0, -9.0, 19.9, 20.0, 20.1, 44.0,
+              89.0, 1e30, -20.0, -87.0, -100.0, -1e30]
+
+
+@pytest.mark.parametrize("op_type", ["Mish", "decomposed"])
+def test_mishs_tanh_of_softplus_is_one_exponential_and_matches_onnx_runtime(op_type):
+    """On CPUs a kernel's tanh of a softplus is computed from the softplus's input, n / (n + 2) with
+    n = e^x (e^x + 2): ONNX Runtime's values (its Mish, or its Softplus, Tanh and Mul) at every edge."""
+    from korch.backends.torch_ops import rewritten_steps
+
+    model = _mish_model(op_type)
+    _, graph, _ = load_model(model)
+    ops = {n.name: n.op for n in graph.nodes}
+    assert [ops[n] for n in rewritten_steps(graph, [list(ops)], "cpu")] == [Op.TANH]
+    x = np.array(MISH_EDGES + list(np.linspace(-30, 30, 40 - len(MISH_EDGES))), np.float32)
+    got = kernel_function(graph, "cpu")(torch.from_numpy(x))[0].numpy()
+    want = run_model(model, {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)
+
+
+def test_mish_is_rewritten_only_within_one_kernel_on_a_cpu():
+    from korch.backends.torch_ops import rewritten_steps
+
+    _, graph, _ = load_model(_mish_model("decomposed"))
+    names = [n.name for n in graph.nodes]
+    assert len(rewritten_steps(graph, [names], "cpu")) == 1
+    assert rewritten_steps(graph, [names], "cuda") == {}  # GPUs keep their own transcendentals
+    split = [[n] for n in names]  # the softplus's kernel is not the tanh's
+    assert rewritten_steps(graph, split, "cpu") == {}
+
+
+def test_inductor_computes_a_mish_kernel_without_log1p():
+    from korch.backends.inductor import InductorBackend
+    from tests.backends.kernels import check_built
+
+    _, graph, _ = load_model(_mish_model("Mish"))
+    built = InductorBackend().build(graph, "cpu")
+    check_built(built, graph)
+    assert "log1p" not in built.source and "exp_u20" in built.source

@@ -229,12 +229,45 @@ def node_function(graph: Graph, node: Node, device, channels_last: bool = False,
     return lambda *xs: interpret.run_node(node, xs)
 
 
+# Above this input, tanh(softplus(x)) is 1.0 in float32 (1 - 8e-18 at 20), and e^x (e^x + 2) would overflow soon
+_MISH_SATURATED = 20.0
+
+
+def _tanh_of_softplus(x: torch.Tensor) -> list[torch.Tensor]:
+    """tanh(log(1 + e^x)) = n / (n + 2), n = e^x (e^x + 2): one exponential where the primitives take three
+    transcendentals (exp, log1p, and tanh's)."""
+    e = torch.exp(torch.clamp(x, max=_MISH_SATURATED))
+    n = e * (e + 2)
+    return [torch.where(x > _MISH_SATURATED, torch.ones_like(x), n / (n + 2))]
+
+
+def rewritten_steps(graph: Graph, kernels: Sequence[Sequence[str]], device) -> dict[str, tuple]:
+    """Steps computing a primitive from further back in its own kernel, faster than its own function: on a CPU,
+    the tanh of a float32 softplus (Mish's core: YOLOv4 has 72 Mish over 44M values) from the softplus's input,
+    with one exponential (5.9M values: 1.7 ms against 7.4 on 2 threads). The softplus stays, for any other
+    reader (Inductor drops it when there is none). ``kernels``: the planned kernels' primitive names; a
+    primitive and what it is computed from must share one to be rewritten."""
+    if torch.device(device).type != "cpu":
+        return {}
+    producer = {t: node for node in graph.nodes for t in node.outputs}
+    kernel_of = {name: i for i, kernel in enumerate(kernels) for name in kernel}
+    steps = {}
+    for node in graph.nodes:
+        source = producer.get(node.inputs[0]) if node.op is Op.TANH else None
+        if source is not None and source.op is Op.SOFTPLUS and node.name in kernel_of and \
+                kernel_of.get(source.name) == kernel_of[node.name] and \
+                graph.tensors[source.inputs[0]].dtype == "float32":
+            steps[node.name] = (_tanh_of_softplus, source.inputs, node.outputs)
+    return steps
+
+
 def kernel_function(kernel: Graph, device, replaced: Mapping | None = None) -> Callable[..., list[torch.Tensor]]:
     """``f(*inputs) -> outputs`` computing ``kernel`` with torch on ``device`` (constants bound, on the device).
     ``replaced`` maps a primitive's name to the step computing it instead, (function, inputs, outputs), or to
-    None where another step computes its outputs (``ort_steps.replacements``)."""
+    None where another step computes its outputs (``ort_steps.replacements``); ``rewritten_steps`` apply where
+    it does not say."""
     constants = {name: interpret.as_torch(v).to(device) for name, v in kernel.constants.items()}
-    replaced = replaced or {}
+    replaced = {**rewritten_steps(kernel, [[node.name for node in kernel.nodes]], device), **(replaced or {})}
     steps = [replaced.get(node.name) or (node_function(kernel, node, device), node.inputs, node.outputs)
              for node in kernel.nodes if node.name not in replaced or replaced[node.name]]
     inputs, outputs = list(kernel.inputs), list(kernel.outputs)

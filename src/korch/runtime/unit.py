@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from korch.backends import ort_gemm, ort_steps
-from korch.backends.torch_ops import is_pointwise_conv, node_function, runs_in_torch
+from korch.backends.torch_ops import is_pointwise_conv, node_function, rewritten_steps, runs_in_torch
 from korch.backends.vector_exp import fast_vector_exp
 from korch.errors import KorchError, one_line
 from korch.ir.graph import Graph
@@ -143,10 +143,12 @@ class PlanModule(torch.nn.Module):
 
     def _steps(self, graph: Graph) -> list:
         nodes = {node.name: node for node in graph.nodes}
+        rewritten = rewritten_steps(graph, [k.nodes for k in self._plan.kernels], self._device)
 
         def step(name: str):
-            return self._replaced.get(name) or (node_function(graph, nodes[name], self._device, **self._lowering),
-                                                nodes[name].inputs, nodes[name].outputs)
+            return self._replaced.get(name) or rewritten.get(name) or \
+                (node_function(graph, nodes[name], self._device, **self._lowering), nodes[name].inputs,
+                 nodes[name].outputs)
 
         return [[step(n) for n in k.nodes if n not in self._replaced or self._replaced[n]]
                 for k in self._plan.kernels]

@@ -1,0 +1,78 @@
+"""One plan's compiled unit built by two versions of korch, timed in turns in one process: what a change to
+code generation is worth with the plan held fixed.
+
+Each version compiles the OUTDIR's plan as its manifest's chosen variant in its own process
+(``PYTHONPATH=SRC/src``, so an older checkout compiles with its own code; ``git worktree add DIR REV`` makes
+one), then the units take turns as ``choose_unit`` times variants (``unit._median_seconds``), ``--trials`` times:
+
+    git worktree add /tmp/korch-old d1a6f7c
+    python benchmarks/unit_versions.py OUTDIR before=/tmp/korch-old now=. --out benchmarks/results/X.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_COMPILE = """
+import json, sys
+from pathlib import Path
+from korch.orchestrate.plan import Plan
+from korch.runtime import unit
+from korch.runtime.bundle import read_graph
+out, dest = Path(sys.argv[1]), sys.argv[2]
+variant = unit.chosen_variant(dict(json.loads((out / "manifest.json").read_text())["unit"]))
+Path(dest).write_bytes(unit.compile_unit(read_graph(out), Plan.from_bytes((out / "plan.json").read_bytes()), "cpu", variant))
+"""
+
+
+def compile_with(source: Path, outdir: Path, dest: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(source.resolve() / "src"))
+    subprocess.run([sys.executable, "-c", _COMPILE, str(outdir), str(dest)], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("versions", nargs="+", help="NAME=KORCH_CHECKOUT, compiled and timed in this order")
+    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    from korch import bench
+    from korch.runtime import unit
+    from korch.runtime.bundle import read_graph
+
+    versions = dict(v.split("=", 1) for v in args.versions)
+    with tempfile.TemporaryDirectory(prefix="korch-unit-versions-") as tmp:
+        paths = {name: Path(tmp) / f"{name}.pt2" for name in versions}
+        for name, source in versions.items():
+            compile_with(Path(source), args.outdir, paths[name])
+        units = {name: unit.CompiledUnit(str(path)) for name, path in paths.items()}
+        inputs = unit.example_inputs(read_graph(args.outdir), "cpu")
+        trials = []
+        for _ in range(args.trials):
+            ms = {name: round(s * 1e3, 3) for name, s in unit._median_seconds(units, inputs, "cpu").items()}
+            print(json.dumps(ms), flush=True)
+            trials.append(ms)
+    first = next(iter(versions))
+    rows = {name: {"median_ms": sorted(t[name] for t in trials)[len(trials) // 2],
+                   "faster_than_" + first: sum(t[name] < t[first] for t in trials)} for name in versions}
+    manifest = json.loads((args.outdir / "manifest.json").read_text())
+    print(json.dumps(rows))
+    bench.write_record(bench.record("one plan's unit compiled by two versions of korch", "benchmarks/unit_versions.py",
+                                    argv, model=manifest.get("model"), unit=manifest.get("unit"),
+                                    versions=versions, trials=trials, summary=rows), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

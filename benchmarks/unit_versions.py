@@ -3,7 +3,7 @@ code generation is worth with the plan held fixed.
 
 Each version compiles the OUTDIR's plan as its manifest's chosen variant in its own process
 (``PYTHONPATH=SRC/src``, so an older checkout compiles with its own code; ``git worktree add DIR REV`` makes
-one), then the units take turns as ``choose_unit`` times variants (``unit._median_seconds``), ``--trials`` times:
+one), then the units take turns as ``choose_unit`` times variants (``unit._fastest_seconds``), ``--trials`` times:
 
     git worktree add /tmp/korch-old d1a6f7c
     python benchmarks/unit_versions.py OUTDIR before=/tmp/korch-old now=. --out benchmarks/results/X.json
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
         inputs = unit.example_inputs(read_graph(args.outdir), "cpu")
         trials = []
         for _ in range(args.trials):
-            ms = {name: round(s * 1e3, 3) for name, s in unit._median_seconds(units, inputs, "cpu").items()}
+            ms = {name: round(s * 1e3, 3) for name, s in unit._fastest_seconds(units, inputs, "cpu").items()}
             print(json.dumps(ms), flush=True)
             trials.append(ms)
     first = next(iter(versions))

@@ -63,6 +63,7 @@ from korch.ir.interpret import as_torch
 from korch.ir.ops import Op
 from korch.ir.sizes import SizeFunctions
 from korch.orchestrate.plan import Plan
+from korch.runtime import heap
 from korch.runtime.boundaries import LAYOUT, TAG, kernel_boundaries, weight_packing
 
 UNIT_FILE = "model.pt2"
@@ -360,7 +361,8 @@ def check_compatible(recorded: dict, where: str) -> None:
 
 class CompiledUnit:
     """A loaded ``model.pt2``: ``unit(*inputs) -> tuple of outputs`` (fresh tensors); ``libraries``, the paths of
-    the operator libraries it calls (korch_ort's), are opened first.
+    the operator libraries it calls (korch_ort's), are opened first. Loading one has the process keep the memory
+    a call frees for the next (``heap.keep_freed_memory``).
 
     The package's loader is called directly (``torch._C._aoti``): ``torch._inductor.aoti_load_package``
     would import Inductor and Dynamo (1.5 s) and flatten the arguments with pytree on every call, and a
@@ -368,6 +370,7 @@ class CompiledUnit:
     """
 
     def __init__(self, package: str | os.PathLike, libraries: Sequence[Path] = ()):
+        heap.keep_freed_memory()
         for path in libraries:
             ort_gemm.open_library(path)
         try:

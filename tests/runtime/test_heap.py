@@ -1,0 +1,45 @@
+"""A process that loads a CPU unit keeps the memory a call frees (runtime/heap.py): a large value allocated and
+filled over and over soon faults in no new pages; without it (glibc's default) every page, every time."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+_SCRIPT = """
+import json, resource, sys
+import torch
+from korch.runtime import heap
+
+def faults_of_a_large_value():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.empty(16 << 20).fill_(1.0)  # 64 MiB, above any mmap threshold glibc sets itself (32 MiB at most)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+kept = heap.keep_freed_memory() if sys.argv[1] == "keep" else False
+faults = [faults_of_a_large_value() for _ in range(12)]
+print(json.dumps({"kept": kept, "faults": faults}))
+"""
+
+
+def _run(mode: str, **env) -> dict:
+    out = subprocess.run([sys.executable, "-c", _SCRIPT, mode], capture_output=True, text=True, check=True,
+                         env={**os.environ, **env})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_freed_large_value_is_reused_without_faulting_its_pages_again():
+    pages = (64 << 20) // os.sysconf("SC_PAGE_SIZE")
+    default = _run("default")
+    assert not default["kept"] and all(f > pages // 2 for f in default["faults"])  # mmap'd afresh every time
+    kept = _run("keep")
+    # glibc reuses a freed block once its bins have sorted it (after about eight calls here)
+    assert kept["kept"] and max(kept["faults"][-3:]) < pages // 20
+
+
+def test_the_heap_is_left_alone_when_configured_so():
+    result = _run("keep", KORCH_KEEP_FREED_MEMORY="0")
+    assert not result["kept"]

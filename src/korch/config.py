@@ -56,8 +56,9 @@ launch_variants: int = int(os.environ.get("KORCH_LAUNCH_VARIANTS", "2"))
 # executable runs kernel by kernel; `--kernel-by-kernel` turns it off for one command.
 compiled_unit: bool = os.environ.get("KORCH_COMPILED_UNIT", "1") != "0"
 
-# A process that loads a CPU unit keeps the memory a call frees for the next call (runtime/heap.py: glibc's
-# mmap off, as ONNX Runtime keeps an arena): EfficientViT's unit 2.0 -> 1.0 s a call. Off: the heap as it is.
+# A process that loads a CPU unit or measures CPU kernels keeps the memory a call frees for the next call
+# (korch/heap.py: glibc's mmap off, as ONNX Runtime keeps an arena): EfficientViT's unit 1.83 -> 1.04 s a call.
+# Off: the heap as it is.
 keep_freed_memory: bool = os.environ.get("KORCH_KEEP_FREED_MEMORY", "1") != "0"
 
 # How a compiled unit stores the 4-D values a convolution reads between kernels (runtime/unit.py): "measured"

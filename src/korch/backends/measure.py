@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from korch import precision, workers
+from korch import heap, precision, workers
 from korch.backends import cpp_batch
 from korch.backends.base import Backend, stored_as
 from korch.errors import one_line
@@ -185,6 +185,8 @@ def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy:
     # the parent's thread count, not one: Inductor writes it into a CPU kernel's parallel loops, so a kernel
     # built here for one thread is not the one the parent times, which it would compile again (0.5-3 s each)
     torch.set_num_threads(threads)
+    if device == "cpu":
+        heap.keep_freed_memory()  # as the unit's process does: kernels are timed on the heap they run on
     backends = {b.name: b for b in backends_for(target)}
     with precision.use(policy):  # a spawned process starts from the defaults
         with cpp_batch.deferred_compiles() as batch:
@@ -253,6 +255,8 @@ class KernelMeasurer:
         self.target, self.db, self.on_kernel = target, db, on_kernel
         self.device = device_for(target)
         self.device_key = device_key(target)
+        if self.device == "cpu":
+            heap.keep_freed_memory()  # kernels timed here too (a failed worker's): on the heap a unit runs on
         self.backends = [b for b in (backends or backends_for(target)) if b.supports_device(self.device)]
         self.versions = {b.name: b.version for b in self.backends}
         self.jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))

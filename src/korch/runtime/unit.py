@@ -63,7 +63,7 @@ from korch.ir.interpret import as_torch
 from korch.ir.ops import Op
 from korch.ir.sizes import SizeFunctions
 from korch.orchestrate.plan import Plan
-from korch.runtime import heap
+from korch import heap
 from korch.runtime.boundaries import LAYOUT, TAG, kernel_boundaries, weight_packing
 
 UNIT_FILE = "model.pt2"

@@ -1,17 +1,20 @@
-"""The process heap a CPU unit runs on: memory a call frees is kept for the next call, as ONNX Runtime's arena
-keeps its own.
+"""The process heap CPU kernels run on: memory a call frees is kept for the next call, as ONNX Runtime keeps
+its arena.
 
 A compiled unit allocates its intermediate values on every call (ATen's CPU allocator, that is ``malloc``).
 glibc serves a block over its mmap threshold (32 MiB at most) with a fresh ``mmap`` and returns it to the
 system on ``free``: the next call faults in and zeroes every page again. EfficientViT's unit (values of
-128 MiB) ran 2.0 s a call so and 1.0 s with mmap off; Segformer-B0's 185 ms and 139 ms; YOLOX-Nano's and
-Candy's (values of a few MiB) within noise (`benchmarks/unit_loop.py`, 2-core AMD EPYC).
+128 MiB) ran 1.83 s a call so and 1.04 s with mmap off; Segformer-B0's 185 ms and 139 ms; YOLOX-Nano's and
+Candy's (values of a few MiB) within noise (``benchmarks/unit_loop.py``, 2-core AMD EPYC). Loading a unit
+(``runtime/unit.py``) and measuring CPU kernels (``backends/measure.py``, its build workers too) call
+``keep_freed_memory``, so that kernels are timed on the heap the unit runs on.
 
 ``keep_freed_memory`` turns glibc's mmap off for the calling process and raises its trim threshold to the
 most ``mallopt`` takes (2 GiB): large blocks come from the heap and stay there once freed. The process keeps
 its peak memory until it exits, as a process running ONNX Runtime does. ``config.keep_freed_memory``
-(``KORCH_KEEP_FREED_MEMORY=0``) leaves the heap alone; so does a C library other than glibc. A thread other than the main one allocates from
-an arena of its own, where blocks larger than an arena's 64 MiB still come from ``mmap``.
+(``KORCH_KEEP_FREED_MEMORY=0``) leaves the heap alone; so does a C library other than glibc. A thread other
+than the main one allocates from an arena of its own, where blocks larger than an arena's 64 MiB still come
+from ``mmap``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A process that loads a CPU unit keeps the memory a call frees (runtime/heap.py): a large value allocated and
+"""A process that loads a CPU unit keeps the memory a call frees (korch/heap.py): a large value allocated and
 filled over and over soon faults in no new pages; without it (glibc's default) every page, every time."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 _SCRIPT = """
 import json, resource, sys
 import torch
-from korch.runtime import heap
+from korch import heap
 
 def faults_of_a_large_value():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

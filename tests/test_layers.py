@@ -12,7 +12,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS = [
-    {"korch.errors", "korch.config", "korch.fsutil", "korch.version", "korch.precision", "korch.workers", "korch.threads"},
+    {"korch.errors", "korch.config", "korch.fsutil", "korch.version", "korch.precision", "korch.workers", "korch.threads",
+     "korch.heap"},
     {"korch.ir"},
     {"korch.frontend", "korch.zoo"},
     {"korch.fission"},

@@ -54,6 +54,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from korch import heap
 from korch.backends import ort_gemm, ort_steps
 from korch.backends.torch_ops import is_pointwise_conv, node_function, rewritten_steps, runs_in_torch
 from korch.backends.vector_exp import fast_vector_exp
@@ -63,7 +64,6 @@ from korch.ir.interpret import as_torch
 from korch.ir.ops import Op
 from korch.ir.sizes import SizeFunctions
 from korch.orchestrate.plan import Plan
-from korch import heap
 from korch.runtime.boundaries import LAYOUT, TAG, kernel_boundaries, weight_packing
 
 UNIT_FILE = "model.pt2"
@@ -241,8 +241,8 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         -> tuple[bytes, dict]:
     """The fastest of the plan's units over ``VARIANTS``, and what was measured: the variants take turns
     (``CHOICE_ROUNDS`` rounds; each one's fastest call, ``_fastest_seconds``). A variant that fails to compile
-    is left out; if all fail, the first failure is raised. A graph with convolutions then has the fastest also compiled with
-    NCHW values between its kernels, and the two take turns again; ``config.unit_boundaries`` ("nchw",
+    is left out; if all fail, the first failure is raised. A graph with convolutions then has the fastest also
+    compiled with NCHW values between its kernels, and the two take turns again; ``config.unit_boundaries`` ("nchw",
     "channels-last") instead fixes that layout for every variant, and a plan that chose each value's layout
     (``plan.stats["layouts"] == "chosen"``) has every variant store them as planned. A graph with 1x1 convolutions last has the
     fastest compiled with the library's convolutions instead of products, and the two take turns."""

@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from korch import bench
-    from korch.runtime import unit
+    from korch.runtime import bundle, unit
     from korch.runtime.bundle import read_graph
 
     versions = dict(v.split("=", 1) for v in args.versions)
@@ -56,7 +56,10 @@ def main(argv=None) -> int:
         paths = {name: Path(tmp) / f"{name}.pt2" for name in versions}
         for name, source in versions.items():
             compile_with(Path(source), args.outdir, paths[name])
-        units = {name: unit.CompiledUnit(str(path)) for name, path in paths.items()}
+        manifest = json.loads((args.outdir / "manifest.json").read_text())
+        # a unit of the ONNX Runtime variant calls operators from the library its OUTDIR carries
+        libraries = [args.outdir / name for name in bundle.unit_libraries(manifest)]
+        units = {name: unit.CompiledUnit(str(path), libraries) for name, path in paths.items()}
         inputs = unit.example_inputs(read_graph(args.outdir), "cpu")
         trials = []
         for _ in range(args.trials):
@@ -66,7 +69,6 @@ def main(argv=None) -> int:
     first = next(iter(versions))
     rows = {name: {"median_ms": sorted(t[name] for t in trials)[len(trials) // 2],
                    "faster_than_" + first: sum(t[name] < t[first] for t in trials)} for name in versions}
-    manifest = json.loads((args.outdir / "manifest.json").read_text())
     print(json.dumps(rows))
     bench.write_record(bench.record("one plan's unit compiled by two versions of korch", "benchmarks/unit_versions.py",
                                     argv, model=manifest.get("model"), unit=manifest.get("unit"),

@@ -407,6 +407,41 @@ def test_a_value_only_a_pointwise_product_reads_is_stored_channels_last():
         assert f"(1, 64, 32), {strides}" in product, code
 
 
+def test_a_value_computed_from_a_convolution_that_no_convolution_reads_is_not_stored_channels_last():
+    """Attention heads computed from a convolution's output, [1, heads, pixels, head width], are no image:
+    stored channels-last at a boundary (heads as channels) they were copied by every ``bmm`` that read them
+    (EfficientViT). With channels-last boundaries only values a convolution reads are laid out so; the heads
+    keep the layout their product wants, and the convolution's output is still channels-last."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.utils import run_and_get_code
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.traceback import annotate, preserve_node_meta
+
+    weight, later = torch.randn(32, 16, 1, 1), torch.randn(8, 16, 3, 3)
+
+    def four_kernels(x):
+        with annotate({"korch_kernel": 0}):
+            c = torch.nn.functional.conv2d(x, weight)  # [1, 32, 8, 8]
+        with annotate({"korch_kernel": 1}):
+            heads = torch.relu(c).reshape(1, 4, 8, 64).transpose(2, 3) + 1.0  # [1, 4, 64, 8]
+        with annotate({"korch_kernel": 2}):
+            scores = torch.matmul(heads, heads.transpose(2, 3))
+        with annotate({"korch_kernel": 3}):  # a later convolution: Inductor's layout optimisation follows
+            return scores, torch.nn.functional.conv2d(x, later, padding=1)  # what is computed before it
+
+    x = torch.randn(1, 16, 8, 8)
+    with preserve_node_meta():
+        gm = make_fx(four_kernels)(x)
+    with unit.kernel_boundaries(True), torch.no_grad():
+        got, codes = run_and_get_code(lambda: compile_fx(gm, [x])(x))
+    for value, want in zip(got, four_kernels(x)):
+        torch.testing.assert_close(value, want, rtol=1e-4, atol=1e-4)
+    code = "\n".join(codes)
+    assert "(1, 4, 64, 8), (2048, 512, 8, 1)" in code, code  # the heads, as their product reads them
+    assert "(1, 4, 64, 8), (2048, 1, 32, 4)" not in code, code
+    assert "(1, 32, 8, 8), (2048, 1, 256, 32)" in code, code  # the convolution's output
+
+
 @pytest.mark.parametrize("first, second", [("channels_last", "contiguous"), ("contiguous", "channels_last")])
 def test_planned_layouts_decide_how_each_value_between_kernels_is_stored(first, second):
     """With layouts the plan chose (``orchestrate/layouts.py``), a value between kernels is stored in the

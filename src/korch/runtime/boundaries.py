@@ -75,7 +75,12 @@ def kernel_boundaries(channels_last: bool = True, planned: bool = False) -> Iter
                     value.realize()
         if planned:
             return _stored_as_planned(n, run_node(self, n), kernel)
-        if not (channels_last and n in self.nodes_prefer_channels_last):
+        if not channels_last:
+            return run_node(self, n)
+        if not hasattr(self, "korch_feeding_convolutions"):
+            self.korch_feeding_convolutions = _feeding_convolutions(self.module.graph)
+        feeding = self.korch_feeding_convolutions
+        if n not in feeding:
             return run_node(self, n)
         with _channels_last_concatenation() if n.target is _CAT else contextlib.nullcontext():
             result = run_node(self, n)
@@ -84,7 +89,7 @@ def kernel_boundaries(channels_last: bool = True, planned: bool = False) -> Iter
         # bakes in the strides it had then); a value only channels-last concatenations read is left to them:
         # they store it into their own buffer, where a value laid out already would be copied
         if isinstance(result, ir.TensorBox) and readers and \
-                not all(user.target is _CAT and user in self.nodes_prefer_channels_last for user in readers):
+                not all(user.target is _CAT and user in feeding for user in readers):
             result.realize()
             _lay_out_channels_last(result)
         return result
@@ -174,6 +179,29 @@ def _preferred_within_kernels(graph: torch.fx.Graph):
         if n in preferred:
             preferred.update(u for u in n.users if u.target is not _BMM and _kernel_of(u) == _kernel_of(n))
     return preferred
+
+
+def _feeding_convolutions(graph: torch.fx.Graph):
+    """The operations whose values a convolution reads, directly or through other operations (not through a
+    ``bmm``), the convolutions themselves, and those that pointwise convolutions' products read as pixel rows:
+    Inductor's first rule of which operations prefer channels-last, without its second, which also takes in
+    everything computed from a convolution up to the last one. Stored channels-last at a boundary, a value of
+    that second kind which is not an image (EfficientViT's attention heads, [1, 16, 16384, 16]) was laid out
+    with its heads as channels, and every ``bmm`` reading it copied it first (7% of EfficientViT's unit)."""
+    from torch._inductor.graph import is_mkldnn_conv
+    from torch.utils._ordered_set import OrderedSet
+
+    mkldnn = torch.ops.mkldnn
+    # oneDNN's convolutions as frozen graphs call them (is_mkldnn_conv knows only Inductor's fusion patterns)
+    convolutions = (torch.ops.aten.convolution.default, mkldnn._convolution_pointwise.default,
+                    mkldnn._convolution_pointwise.binary, mkldnn._convolution_pointwise_.binary,
+                    mkldnn._convolution_transpose_pointwise.default)
+    feeding = OrderedSet()
+    for n in reversed(graph.nodes):
+        if n.target in convolutions or is_mkldnn_conv(n) or (
+                n.target is not _BMM and any(u in feeding or _reads_pixel_rows(u) for u in n.users)):
+            feeding.add(n)
+    return feeding
 
 
 def _stored_as_planned(fx_node: torch.fx.Node, result, kernel):

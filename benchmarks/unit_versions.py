@@ -49,7 +49,6 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT / "src"))
     from korch import bench
     from korch.runtime import bundle, unit
-    from korch.runtime.bundle import read_graph
 
     versions = dict(v.split("=", 1) for v in args.versions)
     with tempfile.TemporaryDirectory(prefix="korch-unit-versions-") as tmp:
@@ -60,7 +59,7 @@ def main(argv=None) -> int:
         # a unit of the ONNX Runtime variant calls operators from the library its OUTDIR carries
         libraries = [args.outdir / name for name in bundle.unit_libraries(manifest)]
         units = {name: unit.CompiledUnit(str(path), libraries) for name, path in paths.items()}
-        inputs = unit.example_inputs(read_graph(args.outdir), "cpu")
+        inputs = unit.example_inputs(bundle.read_graph(args.outdir), "cpu")
         trials = []
         for _ in range(args.trials):
             ms = {name: round(s * 1e3, 3) for name, s in unit._fastest_seconds(units, inputs, "cpu").items()}

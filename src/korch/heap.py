@@ -20,6 +20,7 @@ from ``mmap``.
 from __future__ import annotations
 
 import ctypes
+import functools
 import platform
 
 # mallopt's parameters (glibc's malloc.h)
@@ -31,17 +32,25 @@ _INT_MAX = 2**31 - 1
 _kept = False
 
 
+@functools.cache
+def _mallopt():
+    """glibc's ``mallopt``, or None under another C library (``platform.libc_ver`` reads the interpreter's
+    file: once per process)."""
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:
+        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt
+
+
 def keep_freed_memory() -> bool:
     """Have this process's heap keep what it frees (see the module docstring); whether it does."""
     global _kept
     from korch import config
 
-    if _kept or not config.keep_freed_memory or platform.libc_ver()[0] != "glibc":
+    if _kept or not config.keep_freed_memory or _mallopt() is None:
         return _kept
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is None:
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # mallopt returns 1 on success
-    _kept = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, _INT_MAX) == 1
+    _kept = _mallopt()(_M_MMAP_MAX, 0) == 1 and _mallopt()(_M_TRIM_THRESHOLD, _INT_MAX) == 1
     return _kept

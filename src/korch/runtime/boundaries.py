@@ -53,12 +53,11 @@ def kernel_boundaries(channels_last: bool = True, planned: bool = False) -> Iter
     def preferring_pixel_rows(self):
         # Inductor's rule: a convolution's inputs and outputs, and what they are computed from; korch's
         # pointwise convolutions are products over [N, H, W, C] views (torch_ops._pointwise_conv), and want
-        # what they read, and what that is computed from, channels-last as much (else a copy per call)
-        preferred, rows = find_preferred(self), OrderedSet()
-        for n in reversed(self.module.graph.nodes):
-            if n.target is not _BMM and any(_reads_pixel_rows(user) or user in rows for user in n.users):
-                rows.add(n)
-        return preferred | rows
+        # what they read, and what that is computed from, channels-last as much (else a copy per call). Of
+        # these, realizing_run_node stores channels-last at a boundary only what a convolution reads.
+        graph = self.module.graph
+        self.korch_read_as_images = _read_as_images(graph, by_convolutions=True)
+        return find_preferred(self) | _read_as_images(graph, by_convolutions=False)
 
     def in_channels_last_kernels(self):
         # Inductor's own rule inside each kernel, as when the kernel was measured alone; every operation of a
@@ -75,12 +74,9 @@ def kernel_boundaries(channels_last: bool = True, planned: bool = False) -> Iter
                     value.realize()
         if planned:
             return _stored_as_planned(n, run_node(self, n), kernel)
-        if not channels_last:
-            return run_node(self, n)
-        if not hasattr(self, "korch_feeding_convolutions"):
-            self.korch_feeding_convolutions = _feeding_convolutions(self.module.graph)
-        feeding = self.korch_feeding_convolutions
-        if n not in feeding:
+        # none without Inductor's layout optimisation (a graph without convolutions)
+        images = getattr(self, "korch_read_as_images", ())
+        if not (channels_last and n in images):
             return run_node(self, n)
         with _channels_last_concatenation() if n.target is _CAT else contextlib.nullcontext():
             result = run_node(self, n)
@@ -89,7 +85,7 @@ def kernel_boundaries(channels_last: bool = True, planned: bool = False) -> Iter
         # bakes in the strides it had then); a value only channels-last concatenations read is left to them:
         # they store it into their own buffer, where a value laid out already would be copied
         if isinstance(result, ir.TensorBox) and readers and \
-                not all(user.target is _CAT and user in feeding for user in readers):
+                not all(user.target is _CAT and user in images for user in readers):
             result.realize()
             _lay_out_channels_last(result)
         return result
@@ -181,13 +177,14 @@ def _preferred_within_kernels(graph: torch.fx.Graph):
     return preferred
 
 
-def _feeding_convolutions(graph: torch.fx.Graph):
-    """The operations whose values a convolution reads, directly or through other operations (not through a
-    ``bmm``), the convolutions themselves, and those that pointwise convolutions' products read as pixel rows:
-    Inductor's first rule of which operations prefer channels-last, without its second, which also takes in
-    everything computed from a convolution up to the last one. Stored channels-last at a boundary, a value of
-    that second kind which is not an image (EfficientViT's attention heads, [1, 16, 16384, 16]) was laid out
-    with its heads as channels, and every ``bmm`` reading it copied it first (7% of EfficientViT's unit)."""
+def _read_as_images(graph: torch.fx.Graph, by_convolutions: bool):
+    """The operations whose values pointwise convolutions' products read as pixel rows, and, ``by_convolutions``,
+    the convolutions and the operations whose values they read, in both cases directly or through other
+    operations (not through a ``bmm``). With convolutions it is Inductor's first rule of which operations prefer
+    channels-last, without its second, which also takes in everything computed from a convolution up to the
+    last one: stored channels-last at a boundary, a value of that second kind which is not an image
+    (EfficientViT's attention heads, [1, 16, 16384, 16]) was laid out with its heads as channels, and every
+    ``bmm`` reading it copied it first (7% of EfficientViT's unit)."""
     from torch._inductor.graph import is_mkldnn_conv
     from torch.utils._ordered_set import OrderedSet
 
@@ -196,12 +193,12 @@ def _feeding_convolutions(graph: torch.fx.Graph):
     convolutions = (torch.ops.aten.convolution.default, mkldnn._convolution_pointwise.default,
                     mkldnn._convolution_pointwise.binary, mkldnn._convolution_pointwise_.binary,
                     mkldnn._convolution_transpose_pointwise.default)
-    feeding = OrderedSet()
+    read = OrderedSet()
     for n in reversed(graph.nodes):
-        if n.target in convolutions or is_mkldnn_conv(n) or (
-                n.target is not _BMM and any(u in feeding or _reads_pixel_rows(u) for u in n.users)):
-            feeding.add(n)
-    return feeding
+        if (by_convolutions and (n.target in convolutions or is_mkldnn_conv(n))) or (
+                n.target is not _BMM and any(u in read or _reads_pixel_rows(u) for u in n.users)):
+            read.add(n)
+    return read
 
 
 def _stored_as_planned(fx_node: torch.fx.Node, result, kernel):

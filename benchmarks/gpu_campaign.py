@@ -17,6 +17,10 @@ goes (a command killed at its limit still returns what it finished):
   fraction of the candidates it measured, how long it took, and the kernels it
   measured below their floors (``korch db check``).
 
+Every model's row also holds its plan's gap (a measured search stopped by its time limit
+is unproven) and each kernel's time as the executable runs it beside the plan's cost for
+it (``zoo_bench.kernels_in_place``): where a prediction misses, which kernels miss.
+
 Each phase stops starting models once less than ``--reserve`` seconds remain
 before ``--deadline`` (seconds from the start): it records them as skipped. A
 measured search gets what the deadline leaves less the reserve, and then plans
@@ -238,7 +242,10 @@ def _summary(row: dict) -> str:
         return row.get("skipped") or row["error"]
     k = row["korch"]["median_s"]
     ratios = ", ".join(f"{p['name']} {p['median_s'] / k:.2f}x" for p in row["peers"])
-    return f"korch {k * 1e3:.3f} ms ({ratios}); check {'ok' if row['check']['ok'] else 'FAILED'}"
+    in_place = row.get("kernels_in_place", {})
+    kernels = (f"; kernels in place {in_place['run_s'] * 1e3:.3f} ms, predicted {in_place['predicted_s'] * 1e3:.3f}"
+               if "run_s" in in_place else f"; kernels in place: {in_place.get('error', 'not timed')}")
+    return f"korch {k * 1e3:.3f} ms ({ratios}); check {'ok' if row['check']['ok'] else 'FAILED'}{kernels}"
 
 
 def main(argv=None) -> int:

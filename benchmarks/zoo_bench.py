@@ -46,12 +46,42 @@ def run_model(model: str, target: str, cost: str, db: str | None, peers: list[st
         load_s = time.perf_counter() - start
         result = bench.bench(executable, model=model if torch_model is None else torch_model,
                              reference_model=compiled.reference, peers=peers, target=target, budget_s=budget)
+        in_place = kernels_in_place(executable, compiled.plan)
     plan = compiled.plan
+    gap = {"optimal": all(s.optimal for s in plan.segments), "gap": max((s.gap for s in plan.segments), default=0.0)}
     return {**result.to_json(), "optimize_s": optimize_s, "load_s": load_s, "kernels": len(plan.kernels),
+            "plan": gap, "kernels_in_place": in_place,
             "cost": cost, "runs": compiled.manifest["runs"], "unit": compiled.manifest.get("unit"),
             "predicted_s": plan.predicted_latency_s,
             "check": compiled.executable.check.to_json(),
             "measurement": {k: v for k, v in plan.stats.get("measurement", {}).items() if k != "failures"}}
+
+
+def kernels_in_place(executable, plan, worst: int = 30) -> dict:
+    """Each kernel's time as the executable runs it (``runtime/kernel_times.py``) beside the plan's cost for it:
+    the totals, the sums per backend, and the ``worst`` kernels by how far the two differ. A compiled unit, or
+    a failure (this runs on GPUs where nothing else tried it), is recorded as ``error``."""
+    import torch
+
+    from korch.errors import one_line
+    from korch.runtime.kernel_times import kernel_times
+    from korch.runtime.selfcheck import seeded_inputs
+
+    try:
+        feeds = seeded_inputs(executable.input_specs)
+        times = kernel_times(executable, [torch.from_numpy(feeds[n]) for n in executable.input_names])
+    except Exception as exc:
+        return {"error": one_line(exc)}
+    rows = [{"name": k.name, "ops": k.ops[:80], "backend": k.backend, "launches": k.launches, "measured": k.measured,
+             "predicted_s": k.cost_s, "bound_s": k.bound_s, "run_s": run} for k, run in zip(plan.kernels, times)]
+    by_backend: dict[str, dict] = {}
+    for r in rows:
+        sums = by_backend.setdefault(r["backend"] or "-", {"kernels": 0, "predicted_s": 0.0, "run_s": 0.0})
+        sums["kernels"] += 1
+        sums["predicted_s"] += r["predicted_s"]
+        sums["run_s"] += r["run_s"]
+    return {"predicted_s": sum(r["predicted_s"] for r in rows), "run_s": sum(times), "by_backend": by_backend,
+            "worst": sorted(rows, key=lambda r: -abs(r["run_s"] - r["predicted_s"]))[:worst]}
 
 
 def table(rows: list[dict], peers: list[str]) -> str:

@@ -211,16 +211,32 @@ def test_cuda_path_times_with_event_pairs(fake_cuda, clock):
     call = kernel(clock, lambda k, i: (i + 1) * MS)  # input set i takes i + 1 ms
     traced = lambda i: (fake_cuda.append(("call", i)), call(i))  # noqa: E731
     result = time_kernel(traced, device="cuda", rotate=4, warmup=3, warmup_s=10 * MS, budget_s=20 * MS)
-    # warm-up: sets 0, 1, 2 take 6 ms < 10 ms, so set 3 runs too: 4 calls, 2.5 ms each, so 8 runs fit 20 ms
-    assert result.runs == 8 and call.calls == [i % 4 for i in range(4 + 8)]
-    assert result.median_s == pytest.approx(2.5 * MS) and result.min_s == pytest.approx(1 * MS)
+    # warm-up: sets 0, 1, 2 take 6 ms < 10 ms, so set 3 runs too: 4 calls, 2.5 ms each, so 8 runs fit 20 ms;
+    # but the fake call's time passes on the host (2.5 ms to queue each), and only 5 runs' queueing fit the spin
+    assert result.runs == 5 and call.calls == [i % 4 for i in range(4 + 5)]
+    assert result.median_s == pytest.approx(2 * MS) and result.min_s == pytest.approx(1 * MS)  # sets 0 1 2 3 0
     kinds = [entry[0] for entry in fake_cuda]
     first_record = kinds.index("record")
     assert kinds[:first_record] == ["sync", *["call"] * 4, "sync", "spin"]  # warm-up first, synchronized, a spin
     spin = fake_cuda[first_record - 1][1]
-    assert spin == int(8 * timing.HOST_LEAD_PER_RUN_S * timing.GPU_CYCLES_PER_S)  # queue lead for 8 runs
+    assert spin == int(5 * 1.5 * (2.5 * MS + timing.EVENT_PAIR_S) * timing.GPU_CYCLES_PER_S)  # queue lead for 5
     timed = kinds[first_record:]
-    assert timed == ["record", "call", "record"] * 8 + ["sync"]  # one synchronize, after every pair
+    assert timed == ["record", "call", "record"] * 5 + ["sync"]  # one synchronize, after every pair
+
+
+def test_the_spin_outlasts_the_hosts_queueing_of_every_timed_run():
+    """A call quick to queue keeps its runs behind the least spin; one slow on the host (an Inductor wrapper
+    around a small kernel) gets a longer spin, and fewer runs once the spin is at its cap, never a timing in
+    which the GPU waits for the host between runs (YOLOX-Nano's kernels timed alone predicted 3x what ran)."""
+    from korch.backends.timing import EVENT_PAIR_S, HOST_LEAD_PER_RUN_S, MAX_HOST_LEAD_S, queued_runs
+
+    assert queued_runs(100, 5e-6, 5) == (100, pytest.approx(100 * HOST_LEAD_PER_RUN_S))
+    runs, lead = queued_runs(100, 100e-6, 5)
+    assert runs == 100 and lead == pytest.approx(100 * 1.5 * (100e-6 + EVENT_PAIR_S)) and lead <= MAX_HOST_LEAD_S
+    runs, lead = queued_runs(100, 400e-6, 5)
+    assert runs == int(MAX_HOST_LEAD_S / (1.5 * (400e-6 + EVENT_PAIR_S))) < 100
+    assert runs * 1.5 * (400e-6 + EVENT_PAIR_S) <= lead <= MAX_HOST_LEAD_S
+    assert queued_runs(100, 0.1, 5) == (5, MAX_HOST_LEAD_S)  # never under min_repeats
 
 
 def test_cuda_gpu_cache_size_falls_back_when_torch_reports_none(fake_cuda, monkeypatch):

@@ -98,3 +98,31 @@ def test_a_channels_last_triton_kernel_checks_on_cuda(case):
                     layout=CHANNELS_LAST)
     result = check(TritonBackend().build(graph, "cuda"), graph, device="cuda")
     assert result.ok, result.message
+
+
+def test_each_kernel_is_timed_inside_a_replayed_graph_and_together_they_make_the_replay(tmp_path):
+    """``kernel_times`` on a GPU: one time per kernel from events a CUDA graph records between them; their sum
+    is the replay's time (the events' own nodes and the graph's launch aside)."""
+    import statistics
+
+    import torch
+
+    from korch.pipeline import optimize
+    from korch.runtime.kernel_times import kernel_times
+    from korch.runtime.selfcheck import seeded_inputs
+
+    with config.patch(compiled_unit=False):
+        executable = optimize("zoo:candy", output=tmp_path / "out", cost="roofline").executable
+    feeds = seeded_inputs(executable.input_specs)
+    inputs = [torch.from_numpy(feeds[n]).cuda() for n in executable.input_names]
+    times = kernel_times(executable, inputs)
+    assert len(times) == len(executable.kernels) and all(t > 0 for t in times)
+    replays = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        executable(*inputs)
+        end.record()
+        torch.cuda.synchronize()
+        replays.append(start.elapsed_time(end) * 1e-3)
+    assert 0.5 < sum(times) / statistics.median(replays) < 1.5

@@ -20,9 +20,10 @@ seconds of them. The median is the measurement; the minimum is kept beside it.
   warm-up, timed on the host with a synchronize at both ends, estimates one
   run's time, which sets how many runs fit the budget; every pair is recorded
   before a single synchronize reads them, so the host never stalls between
-  runs. A short device-side spin (``torch.cuda._sleep``) goes first so that
-  the host queues runs ahead of the GPU: a small kernel is then timed back to
-  back, as in a replayed CUDA graph, not waiting on the host's launch.
+  runs. A device-side spin (``torch.cuda._sleep``) goes first, as long as
+  the host takes to queue every timed run (``queued_runs``: its host time per
+  call, measured in the warm-up): a small kernel is then timed back to back,
+  as in a replayed CUDA graph, not waiting on the host's launch.
 
 These are the timer's mechanics only; the caller checks the kernel's output
 separately (``backends/check.py``) and never times on zeros.
@@ -55,9 +56,12 @@ CPU_BUDGET_S = 0.05
 MAX_ROTATION_SETS = 64
 DEFAULT_CPU_CACHE_BYTES = 32 << 20
 DEFAULT_GPU_CACHE_BYTES = 50 << 20  # H100's L2
-# Device spin before the timed CUDA runs: per queued run (a generous host cost of
-# one launch plus two events), capped; cycles per second assumes a ~2 GHz clock.
+# Device spin before the timed CUDA runs: per queued run at least a generous host cost
+# of one launch plus two events, more for a call whose host side is slower (an Inductor
+# wrapper), capped (a host slower than that times fewer runs); cycles per second
+# assumes a ~2 GHz clock.
 HOST_LEAD_PER_RUN_S = 50e-6
+EVENT_PAIR_S = 10e-6
 MAX_HOST_LEAD_S = 0.02
 GPU_CYCLES_PER_S = 2e9
 # Seconds to wait before timing again when other processes took the cores (a test, a compile finishing)
@@ -117,16 +121,31 @@ def time_kernel(call: Callable[[int], object], *, device: str | torch.device, wa
                      CPU_BUDGET_S if budget_s is None else budget_s)
 
 
-def _warm_up(call, rotation: _Rotation, calls: int, seconds: float, sync: Callable[[], None]) -> float:
-    """Run at least ``calls`` calls and ``seconds`` seconds; returns the mean seconds per call."""
+def _warm_up(call, rotation: _Rotation, calls: int, seconds: float, sync: Callable[[], None]) -> tuple[float, float]:
+    """Run at least ``calls`` calls and ``seconds`` seconds; returns the mean seconds per call, and per call
+    on the host alone (before the closing ``sync``: on a GPU, the time to queue one call)."""
     sync()
     start = time.perf_counter()
     done = 0
     while done < calls or time.perf_counter() - start < seconds:
         call(rotation.next())
         done += 1
+    queued = time.perf_counter()
     sync()
-    return (time.perf_counter() - start) / done if done else 0.0
+    if not done:
+        return 0.0, 0.0
+    return (time.perf_counter() - start) / done, (queued - start) / done
+
+
+def queued_runs(runs: int, host_s: float, min_repeats: int) -> tuple[int, float]:
+    """How many timed runs to queue behind the device-side spin, and the spin's seconds: long enough for the
+    host to queue every run (its call and two events, half again for safety), so that the GPU runs them back
+    to back instead of waiting on the host between them. A host too slow for ``MAX_HOST_LEAD_S`` times fewer
+    runs (never under ``min_repeats``)."""
+    per_run = max(HOST_LEAD_PER_RUN_S, 1.5 * (host_s + EVENT_PAIR_S))
+    fit = int(MAX_HOST_LEAD_S / per_run)
+    runs = max(min(runs, fit), min(min_repeats, runs), 1)
+    return runs, min(runs * per_run, MAX_HOST_LEAD_S)
 
 
 def _time_cpu(call, rotation, warmup, warmup_s, repeats, min_repeats, budget_s) -> Timing:
@@ -163,11 +182,11 @@ def _time_cuda(call, device, rotation, warmup, warmup_s, repeats, min_repeats, b
         def sync():
             torch.cuda.synchronize(device)
 
-        estimate = _warm_up(call, rotation, warmup, warmup_s, sync)
-        runs = planned_runs(estimate, budget_s, min_repeats, repeats)
+        estimate, host_s = _warm_up(call, rotation, warmup, warmup_s, sync)
+        runs, lead_s = queued_runs(planned_runs(estimate, budget_s, min_repeats, repeats), host_s, min_repeats)
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(runs)]
-        _hold_device(min(runs * HOST_LEAD_PER_RUN_S, MAX_HOST_LEAD_S))
+        _hold_device(lead_s)
         for start, end in events:
             index = rotation.next()  # chosen before the start event: host work stays outside the timed region
             start.record()

@@ -107,6 +107,13 @@ class Executable:
             self._calls += 1
             return tuple(o.clone() for o in outputs)
 
+    def launch_sequence(self, kernels: Sequence, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The plan's launch sequence once, with ``kernels`` called in place of its own (same order and
+        arguments): no graph, no precision switches, outputs not copied (``kernel_times`` stamps each call)."""
+        if self.unit is not None:
+            raise KorchError("a compiled unit runs its kernels as one library call")
+        return self.module.launch(list(kernels), self._slots, self._constants, *inputs)
+
     def _replay(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         if self._graph is None:
             self._static_inputs = [x.clone() for x in inputs]

@@ -159,7 +159,7 @@ def test_calling_cost_is_measured_on_an_empty_kernel(backend):
 def test_the_calling_cost_is_the_fastest_empty_call_not_a_noisy_median(monkeypatch):
     from korch.backends.timing import Timing
 
-    monkeypatch.setattr(measure, "time_kernel", lambda call, device: (call(0), Timing(8.1e-6, 5.2e-6, 100))[1])
+    monkeypatch.setattr(measure, "time_kernel", lambda call, device, graphed: (call(0), Timing(8.1e-6, 5.2e-6, 100))[1])
     assert measure.calling_cost_s(registry.LibraryBackend(), "cpu") == 5.2e-6
 
 

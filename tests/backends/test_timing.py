@@ -181,9 +181,9 @@ class FakeEvent:
     log: ClassVar[list] = []
     clock: ClassVar[FakeClock | None] = None
 
-    def __init__(self, enable_timing=False):
+    def __init__(self, enable_timing=False, external=False):
         assert enable_timing
-        self.at = None
+        self.at, self.external = None, external
 
     def record(self, stream=None):
         self.at = FakeEvent.clock.now
@@ -204,7 +204,27 @@ def fake_cuda(monkeypatch, clock):
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("spin", cycles)))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: types.SimpleNamespace(L2_cache_size=60 << 20))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: graph.capturing(log))
     return log
+
+
+class FakeGraph:
+    """A CUDA graph on the fake clock: capture runs the calls (the events record their times then); a replay
+    is logged and changes nothing. ``fails`` makes the capture raise, as a kernel that syncs the host would."""
+
+    fails = False
+
+    @contextlib.contextmanager
+    def capturing(self, log):
+        log.append(("capture", None))
+        if FakeGraph.fails:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        yield
+        log.append(("captured", None))
+
+    def replay(self):
+        FakeEvent.log.append(("replay", None))
 
 
 def test_cuda_path_times_with_event_pairs(fake_cuda, clock):
@@ -338,3 +358,31 @@ def test_a_window_counts_the_cores_other_processes_took(monkeypatch):
     assert window.others_cores() == pytest.approx(0.1) and not window.disturbed(threads=2)
     monkeypatch.setattr(cpu_load, "_busy_s", lambda: None)  # no /proc/stat: nothing known, nothing disturbed
     assert cpu_load.Window().others_cores() is None and not cpu_load.Window().disturbed(threads=2)
+
+
+def test_a_short_kernel_is_timed_inside_one_replayed_cuda_graph_when_asked(fake_cuda, clock):
+    """The measured search's timings (``graphed``): runs captured between events, replayed; no spin needed."""
+    call = kernel(clock, lambda k, i: MS / 16)  # 61 us, under GRAPHED_UNDER_S
+    traced = lambda i: (fake_cuda.append(("call", i)), call(i))  # noqa: E731
+    result = time_kernel(traced, device="cuda", warmup=2, warmup_s=0, budget_s=20 * MS, graphed=True)
+    assert result.graphed and result.median_s == MS / 16
+    assert result.runs == timing.MAX_GRAPHED_RUNS  # 320 runs fit the budget; the graph holds at most this many
+    kinds = [entry[0] for entry in fake_cuda]
+    captured = kinds[kinds.index("capture") + 1:kinds.index("captured")]
+    assert captured == ["record", "call", "record"] * timing.MAX_GRAPHED_RUNS
+    assert kinds[kinds.index("captured") + 1:] == ["replay", "replay", "sync"] and "spin" not in kinds
+
+
+def test_a_kernel_that_cannot_be_captured_or_a_systems_timing_is_launched_as_before(fake_cuda, clock, monkeypatch):
+    call = kernel(clock, lambda k, i: MS / 16)
+    monkeypatch.setattr(FakeGraph, "fails", True)
+    failed = time_kernel(call, device="cuda", warmup=2, warmup_s=0, budget_s=20 * MS, graphed=True)
+    assert not failed.graphed and failed.median_s == MS / 16 and "spin" in [e[0] for e in fake_cuda]
+    monkeypatch.setattr(FakeGraph, "fails", False)
+    fake_cuda.clear()
+    system = time_kernel(call, device="cuda", warmup=2, warmup_s=0, budget_s=20 * MS)  # bench's: never graphed
+    assert not system.graphed and "capture" not in [e[0] for e in fake_cuda]
+    fake_cuda.clear()
+    slow = time_kernel(kernel(clock, lambda k, i: MS), device="cuda", warmup=2, warmup_s=0, budget_s=20 * MS,
+                       graphed=True)  # a long kernel: the host cannot show, launched as before
+    assert not slow.graphed and "capture" not in [e[0] for e in fake_cuda]

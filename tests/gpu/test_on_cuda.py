@@ -2,8 +2,9 @@
 kernel class korch's Triton generator writes, and Inductor's and the libraries' kernels, built for CUDA and
 checked against the reference executor into poisoned outputs, at several shapes and under both precision
 policies; each launch variant that the search could choose checks; Triton kernels stored channels-last check; a
-measured search times in its build workers; a whole zoo model's executable matches ONNX Runtime on its first call
-and on a replayed CUDA graph."""
+measured search times in its build workers, short kernels inside a replayed CUDA graph; a whole zoo model's
+executable matches ONNX Runtime on its first call and on a replayed CUDA graph, and its kernels are timed inside
+that graph."""
 
 import pytest
 
@@ -126,3 +127,15 @@ def test_each_kernel_is_timed_inside_a_replayed_graph_and_together_they_make_the
         torch.cuda.synchronize()
         replays.append(start.elapsed_time(end) * 1e-3)
     assert 0.5 < sum(times) / statistics.median(replays) < 1.5
+
+
+def test_a_short_kernel_is_timed_inside_a_replayed_cuda_graph():
+    """The measured search's timer captures a short kernel's runs in one CUDA graph between timing events
+    (``external``) and replays it: the capture and the events' times must work on the real device."""
+    import torch
+
+    from korch.backends.timing import time_kernel
+
+    sets = [torch.randn(4096, device="cuda") for _ in range(4)]
+    timing = time_kernel(lambda i: sets[i].neg(), device="cuda", rotate=4, graphed=True)
+    assert timing.graphed and 0 < timing.min_s <= timing.median_s < 50e-6, timing

@@ -234,9 +234,11 @@ def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomAren
     sets = rotation_sets(lambda i: arena.inputs(kernel), nbytes, device=device)
     variant = None
     if _tunes(built, device):  # Triton: keep the fastest launch variant
-        built.tune(lambda call: time_kernel(lambda i: call(), device=device).median_s, sets[0], variants)
+        built.tune(lambda call: time_kernel(lambda i: call(), device=device, graphed=True).median_s, sets[0],
+                   variants)
         variant = {"variant": built.variant.describe()}
-    return time_kernel(lambda i: built(*sets[i]), device=device, rotate=len(sets)), variant, built.launches
+    return (time_kernel(lambda i: built(*sets[i]), device=device, rotate=len(sets), graphed=True), variant,
+            built.launches)
 
 
 def _chunks(count: int, jobs: int, size: int) -> list[list[int]]:
@@ -342,7 +344,7 @@ class KernelMeasurer:
                                  device=self.device)
             outputs = [stored_as(torch.empty_like(x), to) for x in sets]
             self._conversions[key] = time_kernel(lambda i: outputs[i].copy_(sets[i]), device=self.device,
-                                                 rotate=len(sets)).median_s
+                                                 rotate=len(sets), graphed=True).median_s
         return self._conversions[key]
 
     def record_for(self, candidate_id: int) -> Record | None:
@@ -482,7 +484,7 @@ def calling_cost_s(backend: Backend, device: str) -> float:
     try:
         built = backend.build(kernel, device)
         x = [t.to(device) for t in random_inputs(kernel)]
-        return time_kernel(lambda i: built(*x), device=device).min_s
+        return time_kernel(lambda i: built(*x), device=device, graphed=True).min_s
     except Exception:  # a backend that builds or runs no such kernel: its kernels keep their measured latency
         return 0.0
 

@@ -23,7 +23,10 @@ seconds of them. The median is the measurement; the minimum is kept beside it.
   runs. A device-side spin (``torch.cuda._sleep``) goes first, as long as
   the host takes to queue every timed run (``queued_runs``: its host time per
   call, measured in the warm-up): a small kernel is then timed back to back,
-  as in a replayed CUDA graph, not waiting on the host's launch.
+  as in a replayed CUDA graph, not waiting on the host's launch. A kernel's
+  timing (``graphed=True``: the measured search's) goes further when the
+  kernel is short: its runs are captured in one CUDA graph, each between two
+  events the graph records, and replayed, so no run waits on the host.
 
 These are the timer's mechanics only; the caller checks the kernel's output
 separately (``backends/check.py``) and never times on zeros.
@@ -64,6 +67,10 @@ HOST_LEAD_PER_RUN_S = 50e-6
 EVENT_PAIR_S = 10e-6
 MAX_HOST_LEAD_S = 0.02
 GPU_CYCLES_PER_S = 2e9
+# Kernels faster than this (by the warm-up) are timed inside a replayed CUDA graph when asked (``graphed``):
+# where the host's launches could show; at most this many runs, each run's outputs held by the graph's pool
+GRAPHED_UNDER_S = 200e-6
+MAX_GRAPHED_RUNS = 50
 # Seconds to wait before timing again when other processes took the cores (a test, a compile finishing)
 QUIET_PAUSE_S = 0.25
 
@@ -75,6 +82,7 @@ class Timing:
     min_s: float
     runs: int
     disturbed: bool = False  # other processes held cores the kernel needed in every try (CPU)
+    graphed: bool = False    # timed inside one replayed CUDA graph (``time_kernel(graphed=True)``)
 
 
 def summarize(samples: Sequence[float]) -> Timing:
@@ -106,15 +114,17 @@ class _Rotation:
 
 def time_kernel(call: Callable[[int], object], *, device: str | torch.device, warmup: int = WARMUP_CALLS,
                 repeats: int = MAX_REPEATS, rotate: int | None = None, warmup_s: float = WARMUP_S,
-                budget_s: float | None = None, min_repeats: int = MIN_REPEATS) -> Timing:
-    """The median and fastest of timed runs of ``call(i)`` on ``device``, ``i`` cycling over ``rotate`` sets."""
+                budget_s: float | None = None, min_repeats: int = MIN_REPEATS, graphed: bool = False) -> Timing:
+    """The median and fastest of timed runs of ``call(i)`` on ``device``, ``i`` cycling over ``rotate`` sets.
+    ``graphed``: a kernel under ``GRAPHED_UNDER_S`` on a GPU is timed inside one replayed CUDA graph, as an
+    executable runs it (a kernel's timing, never a whole system's: that would graph a peer that has none)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     rotation = _Rotation(rotate)
     device = torch.device(device)
     if device.type == "cuda":
         return _time_cuda(call, device, rotation, warmup, warmup_s, repeats, min_repeats,
-                          BUDGET_S if budget_s is None else budget_s)
+                          BUDGET_S if budget_s is None else budget_s, graphed)
     if device.type != "cpu":
         raise ValueError(f"cannot time kernels on {device.type} devices")
     return _time_cpu(call, rotation, warmup, warmup_s, repeats, min_repeats,
@@ -177,13 +187,18 @@ def _time_cpu_once(call, rotation, warmup, warmup_s, repeats, min_repeats, budge
     return summarize(samples)
 
 
-def _time_cuda(call, device, rotation, warmup, warmup_s, repeats, min_repeats, budget_s) -> Timing:
+def _time_cuda(call, device, rotation, warmup, warmup_s, repeats, min_repeats, budget_s, graphed) -> Timing:
     with torch.cuda.device(device):
         def sync():
             torch.cuda.synchronize(device)
 
         estimate, host_s = _warm_up(call, rotation, warmup, warmup_s, sync)
-        runs, lead_s = queued_runs(planned_runs(estimate, budget_s, min_repeats, repeats), host_s, min_repeats)
+        runs = planned_runs(estimate, budget_s, min_repeats, repeats)
+        if graphed and estimate < GRAPHED_UNDER_S:
+            samples = _replayed(call, rotation, min(runs, MAX_GRAPHED_RUNS), sync)
+            if samples is not None:
+                return dataclasses.replace(summarize(samples), graphed=True)
+        runs, lead_s = queued_runs(runs, host_s, min_repeats)
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(runs)]
         _hold_device(lead_s)
@@ -194,6 +209,31 @@ def _time_cuda(call, device, rotation, warmup, warmup_s, repeats, min_repeats, b
             end.record()
         sync()
         return summarize([start.elapsed_time(end) * 1e-3 for start, end in events])  # elapsed_time is in ms
+
+
+def _replayed(call, rotation: _Rotation, runs: int, sync) -> list[float] | None:
+    """Each run's seconds inside one CUDA graph of ``runs`` calls, each between two timing events the capture
+    records (``external``), replayed twice (the first replay uploads the graph); None if the calls cannot be
+    captured (the caller times them launched). Nothing waits on the host: on a GPU machine whose cores were
+    busy compiling, kernels timed launched read up to 3x what they ran in an executable's graph (YOLOX-Nano,
+    2026-11-27)."""
+    pairs = [(torch.cuda.Event(enable_timing=True, external=True), torch.cuda.Event(enable_timing=True, external=True))
+             for _ in range(runs)]
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for start, end in pairs:
+                index = rotation.next()
+                start.record()
+                call(index)
+                end.record()
+        for _ in range(2):
+            graph.replay()
+        sync()
+        return [start.elapsed_time(end) * 1e-3 for start, end in pairs]  # elapsed_time is in ms
+    except Exception:  # a kernel that cannot be captured (a host synchronisation inside, say)
+        sync()
+        return None
 
 
 def _hold_device(seconds: float) -> None:

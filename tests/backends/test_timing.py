@@ -205,7 +205,7 @@ def fake_cuda(monkeypatch, clock):
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: types.SimpleNamespace(L2_cache_size=60 << 20))
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda graph: graph.capturing(log))
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **options: graph.capturing(log))
     return log
 
 

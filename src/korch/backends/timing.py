@@ -221,7 +221,7 @@ def _replayed(call, rotation: _Rotation, runs: int, sync) -> list[float] | None:
              for _ in range(runs)]
     try:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads' CUDA calls go on
             for start, end in pairs:
                 index = rotation.next()
                 start.record()

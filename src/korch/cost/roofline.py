@@ -33,7 +33,9 @@ Why each piece is a floor (docs/cost.md has the long form):
   exception: on a CPU a matrix product runs as a library call (MLAS, oneDNN,
   MKL) and the kernel's other loops before or after it, so a kernel with a
   MATMUL and other work is at least the product's compute time plus the floor
-  of those loops (``KernelWork.loop_bytes``: the bytes they must touch).
+  of those loops (``KernelWork.loop_bytes``: the bytes they must touch). A
+  convolution is such a call too, but oneDNN applies what follows it (bias,
+  activation, a sum) inside the call: only loops before it (a prologue) add.
 * **Cache.** A kernel's inputs may already sit in the last-level cache (its
   producer just wrote them; a profiler repeats the same kernel) and its outputs
   may stay there dirty, so only bytes beyond the cache's capacity must cross
@@ -261,9 +263,11 @@ def _may_be_a_view(node: Node) -> bool:
 
 
 def _loop_bytes(graph: Graph, nodes: list[Node], inputs: Sequence[str], outputs: Sequence[str]) -> int:
-    """The bytes the loops of a kernel with a MATMUL must touch: tensors of the kernel's boundary they read or
-    write, and each tensor passed between a loop and a product. Reshapes are views: a tensor seen through
-    one is the tensor. 0 for a kernel without a MATMUL or without loops."""
+    """The bytes the loops of a kernel with a library call must touch: tensors of the kernel's boundary they
+    read or write, and each tensor passed between a loop and the call. The calls: a MATMUL with any loops; a
+    convolution with loops before it (a prologue: no CPU library fuses one, while oneDNN applies the bias,
+    activation and sum after a convolution as post-ops of the same call). Reshapes are views: a tensor seen
+    through one is the tensor. 0 for a kernel without such a call or without loops."""
     source = {n.output: n.inputs[0] for n in nodes if n.op is Op.RESHAPE}
 
     def root(name: str) -> str:
@@ -273,6 +277,10 @@ def _loop_bytes(graph: Graph, nodes: list[Node], inputs: Sequence[str], outputs:
 
     products = [n for n in nodes if n.op is Op.MATMUL]
     loops = [n for n in nodes if n.op not in (Op.MATMUL, Op.RESHAPE, Op.OPAQUE)]
+    if not products:
+        products = [n for n in nodes if n.op in (Op.CONV, Op.CONV_TRANSPOSE)]
+        loops = _feeding([n for n in loops if n.op not in ops.LINEAR],
+                         {root(n) for node in products for n in node.inputs if n}, root)
     if not products or not loops:
         return 0
     boundary = {root(n) for n in (*inputs, *outputs)}
@@ -280,6 +288,16 @@ def _loop_bytes(graph: Graph, nodes: list[Node], inputs: Sequence[str], outputs:
     by_products = {root(n) for node in products for n in (*node.inputs, node.output) if n}
     touched = (by_loops & boundary) | (by_loops & by_products)
     return sum(graph.tensors[name].nbytes for name in touched)
+
+
+def _feeding(loops: list[Node], targets: set[str], root) -> list[Node]:
+    """The loops whose results reach ``targets`` through other loops (``loops`` is in topological order)."""
+    wanted, feeding = set(targets), []
+    for node in reversed(loops):
+        if root(node.output) in wanted:
+            feeding.append(node)
+            wanted.update(root(n) for n in node.inputs if n)
+    return feeding[::-1]
 
 
 def memory_time(device: Device, work: KernelWork, warm: bool = True) -> float:

@@ -214,9 +214,9 @@ def _time_cuda(call, device, rotation, warmup, warmup_s, repeats, min_repeats, b
 def _replayed(call, rotation: _Rotation, runs: int, sync) -> list[float] | None:
     """Each run's seconds inside one CUDA graph of ``runs`` calls, each between two timing events the capture
     records (``external``), replayed twice (the first replay uploads the graph); None if the calls cannot be
-    captured (the caller times them launched). Nothing waits on the host: on a GPU machine whose cores were
-    busy compiling, kernels timed launched read up to 3x what they ran in an executable's graph (YOLOX-Nano,
-    2026-11-27)."""
+    captured (the caller times them launched). Nothing waits on the host, as in an executable's graph: on an
+    H100 whose cores the build workers' compiles filled, YOLOX-Nano's kernels timed launched summed 2.97x
+    what its graph ran (2026-11-27; the host as the cause is a reading, not yet a measurement)."""
     pairs = [(torch.cuda.Event(enable_timing=True, external=True), torch.cuda.Event(enable_timing=True, external=True))
              for _ in range(runs)]
     try:

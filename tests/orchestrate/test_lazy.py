@@ -167,3 +167,35 @@ def test_branch_and_cut_stops_at_a_cheaper_plan_of_unmeasured_kernels_and_the_ne
     assert proven.optimal and proven.objective == pytest.approx(solve(p).objective, rel=1e-9)
     again = solver.solve(p.costs, stop_for=flagged)  # no cheaper plan: no stop, whatever the last run did
     assert again.optimal and again.objective == pytest.approx(proven.objective, rel=1e-9)
+
+
+def test_a_stopped_proof_names_every_cheaper_plans_flagged_columns_and_goes_on_a_moment(monkeypatch):
+    """A proof stops for unmeasured columns a moment after the first cheaper plan that selects one, so that the
+    cheaper plans it meets meanwhile are measured in the same round (Candy's measured search: 20 rounds of
+    branch and cut became 12-14, its solves 139 s became 94-102 s)."""
+    from types import SimpleNamespace
+
+    from korch.orchestrate import solver as solver_module
+
+    p = random_problem(np.random.default_rng(0), 40, 3, max_preds=2, window=4)
+    solver = solver_module.Solver(p)
+    plan = solver.solve().order
+    x = np.zeros(solver.ix.n)
+    x[list(plan)] = 1.0
+    flagged = [c == plan[0] for c in range(solver.ix.n)]
+    clock = [100.0]
+    monkeypatch.setattr(solver_module.time, "perf_counter", lambda: clock[0])
+    watch = solver_module._StopFor(solver.ix, flagged, p.costs, incumbent=math.inf)
+
+    def interrupted():
+        event = SimpleNamespace(interrupt=lambda flag: stops.append(flag))
+        watch.on_interrupt(event)
+        return stops[-1]
+
+    stops = []
+    assert not interrupted()  # nothing cheaper yet
+    watch.on_improving(SimpleNamespace(data_out=SimpleNamespace(mip_solution=x)))
+    assert watch.seen == {plan[0]}
+    assert not interrupted()  # it goes on a moment to meet more cheaper plans
+    clock[0] += solver_module.STOP_AFTER_S
+    assert interrupted()

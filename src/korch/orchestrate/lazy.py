@@ -102,6 +102,9 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         rounds, solve_s, proofs = rounds + 1, solve_s + solution.seconds, proofs + (not quick)
         lower = max(lower, solution.objective * (1 - solution.gap))
         todo = [c for c in solution.order if c not in known]
+        if todo and not quick:  # a proof stopped at cheaper plans: measure every one's unmeasured kernels
+            planned = set(todo)
+            todo += [c for c in solver.flagged_seen if c not in known and c not in planned]
         if not todo:
             if solution.optimal or time.perf_counter() >= deadline:
                 return LazyResult(_cheaper(solution, cheapest, lower), fresh, rounds, solve_s, proofs)

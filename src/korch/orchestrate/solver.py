@@ -26,6 +26,9 @@ from korch.errors import KorchError
 from korch.orchestrate.problem import Problem
 from korch.orchestrate.schedule import Index, Row, cutset_rows, stuck_rows
 
+# Seconds branch and cut goes on after the first cheaper plan with a flagged column (``stop_for``): the plans
+# it meets meanwhile name more columns to measure in the same round
+STOP_AFTER_S = 1.0
 # A selection variable counts as chosen above this value (HiGHS returns
 # integral values up to its feasibility tolerance).
 _CHOSEN = 0.5
@@ -81,6 +84,7 @@ class Solver:
         self.cycle_cuts = 0
         self.last: list[int] = []  # the plan of the previous solve
         self.relaxed: tuple[int, ...] = ()  # the columns the last root relaxation set above 0
+        self.flagged_seen: list[int] = []  # the flagged columns of the cheaper plans the last stopped proof met
         order, _, tlevel = ix.run([True] * ix.n)
         reason = ix.infeasible([True] * ix.n, tlevel)
         if reason:
@@ -93,15 +97,17 @@ class Solver:
               prove: bool = True, stop_for: Sequence[bool] | None = None) -> Solution:
         """The cheapest executable plan under ``costs`` (default: the problem's). ``prove=False``: the plan of the
         relaxation's dive, without branch and cut to prove it (optimal only if the dive reached the bound).
-        ``stop_for``: columns whose costs are stand-ins (lazy measurement's floors); branch and cut stops at the
-        first better executable plan that selects one of them, unproven, so that it is measured before any
-        proof is tried.
+        ``stop_for``: columns whose costs are stand-ins (lazy measurement's floors); branch and cut stops
+        ``STOP_AFTER_S`` after the first better executable plan that selects one of them, unproven, so that it
+        is measured before any proof is tried; ``flagged_seen`` then lists those columns of every better plan
+        it met.
         ``first``: the columns of a
         smaller program solved before, when this solver has no plan yet, whose optimum starts the search (a
         program with layout columns starts from its contiguous kernels: their optimum is often the whole
         program's, and proving it then takes one relaxation)."""
         start = time.perf_counter()
         deadline = math.inf if time_limit is None else start + time_limit
+        self.flagged_seen = []
         costs = list(self.problem.costs if costs is None else costs)
         if len(costs) != self.ix.n or any(not c >= 0 for c in costs):
             raise ValueError("costs must be one value >= 0 per candidate")
@@ -142,6 +148,7 @@ class Solver:
                 watch = _StopFor(ix, stop_for, costs, value(best)) if stop_for is not None and any(stop_for) \
                     else None
                 x, bound, exact = self._mip(best, deadline, watch)
+                self.flagged_seen = sorted(watch.seen) if watch is not None else []
                 lower = max(lower, bound)
             if x is None:
                 break
@@ -242,7 +249,8 @@ class _StopFor:
 
     def __init__(self, ix: Index, flagged: Sequence[bool], costs: Sequence[float], incumbent: float):
         self.ix, self.flagged, self.costs, self.incumbent = ix, np.asarray(flagged, dtype=bool), costs, incumbent
-        self.found = False
+        self.found_at: float | None = None  # when the first cheaper plan with a flagged column came
+        self.seen: set[int] = set()         # the flagged columns of every such plan
 
     def on_improving(self, event) -> None:
         x = np.asarray(event.data_out.mip_solution[:self.ix.n])
@@ -255,10 +263,13 @@ class _StopFor:
         plan = self.ix.prune(ran)
         cheaper = math.fsum(self.costs[c] for c in plan) < self.incumbent * (1 - _TOLERANCE)
         if cheaper and self.flagged[plan].any():
-            self.found = True
+            self.seen.update(c for c in plan if self.flagged[c])
+            if self.found_at is None:
+                self.found_at = time.perf_counter()
 
     def on_interrupt(self, event) -> None:
-        event.interrupt(self.found)  # explicitly: HiGHS keeps the flag of its last run's stop
+        # explicitly either way: HiGHS keeps the flag of its last run's stop
+        event.interrupt(self.found_at is not None and time.perf_counter() - self.found_at >= STOP_AFTER_S)
 
 
 _STOPPED = {getattr(highspy.HighsModelStatus, s) for s in (

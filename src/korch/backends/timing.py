@@ -212,28 +212,43 @@ def _time_cuda(call, device, rotation, warmup, warmup_s, repeats, min_repeats, b
 
 
 def _replayed(call, rotation: _Rotation, runs: int, sync) -> list[float] | None:
-    """Each run's seconds inside one CUDA graph of ``runs`` calls, each between two timing events the capture
-    records (``external``), replayed twice (the first replay uploads the graph); None if the calls cannot be
+    """Each run's seconds inside one CUDA graph of ``runs`` calls, each between two stamps
+    (``stamped_graph``), replayed twice (the first replay uploads the graph); None if the calls cannot be
     captured (the caller times them launched). Nothing waits on the host, as in an executable's graph: on an
     H100 whose cores the build workers' compiles filled, YOLOX-Nano's kernels timed launched summed 2.97x
     what its graph ran (2026-11-27; the host as the cause is a reading, not yet a measurement)."""
-    pairs = [(torch.cuda.Event(enable_timing=True, external=True), torch.cuda.Event(enable_timing=True, external=True))
-             for _ in range(runs)]
+    def runs_between_stamps(stamp):
+        for _ in range(runs):
+            index = rotation.next()
+            stamp()
+            call(index)
+            stamp()
+
     try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads' CUDA calls go on
-            for start, end in pairs:
-                index = rotation.next()
-                start.record()
-                call(index)
-                end.record()
+        graph, intervals = stamped_graph(runs_between_stamps)
         for _ in range(2):
             graph.replay()
         sync()
-        return [start.elapsed_time(end) * 1e-3 for start, end in pairs]  # elapsed_time is in ms
+        return intervals()[::2]  # a run, then the gap to the next run's start
     except Exception:  # a kernel that cannot be captured (a host synchronisation inside, say)
         sync()
         return None
+
+
+def stamped_graph(body: Callable[[Callable[[], None]], object]):
+    """``body(stamp)`` captured in a CUDA graph, each ``stamp()`` a timing event the capture records as a node
+    of its own (``external``); returns the graph and a function giving, after a replay and a synchronize, the
+    seconds between consecutive stamps of that replay. Other threads' CUDA calls go on during the capture."""
+    events: list[torch.cuda.Event] = []
+
+    def stamp():
+        events.append(torch.cuda.Event(enable_timing=True, external=True))
+        events[-1].record()
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        body(stamp)
+    return graph, lambda: [a.elapsed_time(b) * 1e-3 for a, b in zip(events, events[1:])]  # elapsed_time: ms
 
 
 def _hold_device(seconds: float) -> None:

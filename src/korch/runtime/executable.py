@@ -103,16 +103,16 @@ class Executable:
             if self.cuda_graph and self._calls >= WARMUP_CALLS:
                 outputs = self._replay(inputs)
             else:
-                outputs = self.module.launch(self.kernels, self._slots, self._constants, *inputs)
+                outputs = self.launch_sequence(self.kernels, inputs)
             self._calls += 1
             return tuple(o.clone() for o in outputs)
 
     def launch_sequence(self, kernels: Sequence, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """The plan's launch sequence once, with ``kernels`` called in place of its own (same order and
-        arguments): no graph, no precision switches, outputs not copied (``kernel_times`` stamps each call)."""
+        """The plan's launch sequence once with ``kernels``: its own, or stand-ins in the same order
+        (``kernel_times`` stamps each call). No graph, no precision switches, outputs not copied."""
         if self.unit is not None:
             raise KorchError("a compiled unit runs its kernels as one library call")
-        return self.module.launch(list(kernels), self._slots, self._constants, *inputs)
+        return self.module.launch(kernels, self._slots, self._constants, *inputs)
 
     def _replay(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         if self._graph is None:
@@ -121,8 +121,7 @@ class Executable:
                 graph = torch.cuda.CUDAGraph()
                 torch.cuda.synchronize(self.device)
                 with torch.cuda.graph(graph):
-                    self._static_outputs = self.module.launch(self.kernels, self._slots, self._constants,
-                                                              *self._static_inputs)
+                    self._static_outputs = self.launch_sequence(self.kernels, self._static_inputs)
             except Exception as exc:  # never a silent fallback: the timings and the manifest would not be its
                 raise CudaGraphFailed(f"CUDA graph capture failed ({one_line(exc)}); run korch optimize with "
                                       "--no-cuda-graph to run kernel by kernel") from None

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from korch import precision
+from korch.backends.timing import stamped_graph
 
 RUNS = 20
 
@@ -67,18 +68,17 @@ def _on_cpu(executable, inputs, runs: int) -> list[list[float]]:
 
 
 def _on_gpu(executable, inputs, runs: int) -> list[list[float]]:
-    events = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(len(executable.kernels) + 1)]
-    stamped = [_Stamped(k, event.record) for k, event in zip(executable.kernels, events)]
+    def stamped_sequence(stamp):
+        executable.launch_sequence([_Stamped(k, stamp) for k in executable.kernels], inputs)
+        stamp()
+
     with torch.cuda.device(executable.device):
         executable.launch_sequence(executable.kernels, inputs)  # warm-up: Triton's and Inductor's first calls compile
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            executable.launch_sequence(stamped, inputs)
-            events[-1].record()
+        graph, intervals = stamped_graph(stamped_sequence)
         per_run = []
         for _ in range(runs):
             graph.replay()
             torch.cuda.synchronize()
-            per_run.append([a.elapsed_time(b) * 1e-3 for a, b in zip(events, events[1:])])  # elapsed_time: ms
+            per_run.append(intervals())
     return per_run

@@ -197,7 +197,8 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
     if measurer is not None:
         stats["measurement"] = measurement_stats(measurer) | {
             "solves": sum(r.solves for r in segment_reports), "proofs": sum(r.proofs for r in segment_reports),
-            "solve_s": math.fsum(r.solve_s for r in segment_reports)}
+            "solve_s": math.fsum(r.solve_s for r in segment_reports),
+            "dominated": sum(r.dominated for r in segment_reports)}
         _warn_if_disturbed(stats["measurement"])
     if layouts:
         stats["layouts"] = "chosen"

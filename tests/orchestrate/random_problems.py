@@ -64,7 +64,9 @@ def convex_sets(preds, max_size: int) -> list[frozenset[int]]:
     return sorted((s for s in found if convex(s)), key=lambda s: (len(s), sorted(s)))
 
 
-def random_problem(rng: np.random.Generator, n: int, max_size: int, **dag) -> Problem:
+def random_problem(rng: np.random.Generator, n: int, max_size: int, computed: bool = False, **dag) -> Problem:
+    """``computed``: each candidate also produces a pseudo-tensor per node it computes, all of them required
+    (ids ``n + node``), as korch's segments do (``problem.py``)."""
     preds = random_dag(rng, n, **dag)
     readers = [set() for _ in range(n)]
     for v, ps in enumerate(preds):
@@ -73,10 +75,12 @@ def random_problem(rng: np.random.Generator, n: int, max_size: int, **dag) -> Pr
     required = {v for v in range(n) if not readers[v] or rng.random() < 0.1}
     costs, needs, produces = [], [], []
     for s in convex_sets(preds, max_size):
-        produces.append(tuple(v for v in sorted(s) if v in required or readers[v] - s))
+        produces.append(tuple(v for v in sorted(s) if v in required or readers[v] - s)
+                        + (tuple(n + v for v in sorted(s)) if computed else ()))
         needs.append(tuple(sorted({p for v in s for p in preds[v]} - s)))
         costs.append(float(rng.uniform(1, 10) * len(s) ** 0.7))
-    return Problem(tuple(costs), tuple(needs), tuple(produces), tuple(sorted(required)))
+    pseudo = tuple(n + v for v in range(n)) if computed else ()
+    return Problem(tuple(costs), tuple(needs), tuple(produces), tuple(sorted(required)) + pseudo, computed=pseudo)
 
 
 def executes(problem: Problem, order) -> bool:
@@ -135,7 +139,7 @@ def subset_minimum(problem: Problem) -> float:
     good = (ran == masks) & ((avail & req) == req)
     cost = np.zeros(len(masks))
     for c in range(k):
-        cost += ((masks >> c) & 1) * problem.costs[c]
+        cost += np.where((masks >> c) & 1, problem.costs[c], 0.0)  # an excluded (inf) candidate, where chosen
     return float(cost[good].min()) if good.any() else math.inf
 
 

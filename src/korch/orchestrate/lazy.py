@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from korch.errors import KorchError
+from korch.orchestrate.dominance import dominated
 from korch.orchestrate.problem import Problem
 from korch.orchestrate.solver import Solution, Solver
 
@@ -54,6 +55,7 @@ class LazyResult:
     rounds: int                  # solves
     solve_s: float = 0.0         # seconds in them
     proofs: int = 0              # of them, rounds of branch and cut (the rest: the relaxation's dive)
+    dominated: int = 0           # columns the last solve left out: measured columns replace them (dominance.py)
 
 
 def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, *,
@@ -85,11 +87,14 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     known = {c: float(v) for c, v in (measured or {}).items()}
     fresh: dict[int, float] = {}
     solver = Solver(problem)
-    rounds, quick, budget, solve_s, proofs = 0, True, PROOF_BUDGET_S, 0.0, 0
+    rounds, quick, budget, solve_s, proofs, left_out = 0, True, PROOF_BUDGET_S, 0.0, 0, set()
     deadline = math.inf if time_limit is None else time.perf_counter() + time_limit
     lower, cheapest = 0.0, None  # the highest lower bound proved, the cheapest plan whose kernels are all measured
     while True:
         costs = [known.get(c, bound) for c, bound in enumerate(bounds)]
+        left_out = dominated(problem, costs, known)  # measured kernels replace them: no optimum needs them
+        for c in left_out:
+            costs[c] = math.inf
         # only the last round, whose plan is all measured, must prove its optimum; rounds before only choose what
         # to measure next, and the relaxation's dive chooses as well (Candy's layout program: 11 s a round to
         # prove, 0.2 s to dive)
@@ -107,7 +112,7 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
             todo += [c for c in solver.flagged_seen if c not in known and c not in planned]
         if not todo:
             if solution.optimal or time.perf_counter() >= deadline:
-                return LazyResult(_cheaper(solution, cheapest, lower), fresh, rounds, solve_s, proofs)
+                return LazyResult(_cheaper(solution, cheapest, lower), fresh, rounds, solve_s, proofs, len(left_out))
             # all measured, unproven: the relaxation's unmeasured columns hold its bound down at their floors;
             # measured, they raise it toward the plan, which branch and cut then proves sooner
             todo = [] if quick else [c for c in solver.relaxed if c not in known]
@@ -129,7 +134,7 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         if math.isfinite(measured_plan.objective):
             cheapest = _cheaper(measured_plan, cheapest, lower)
         if cheapest is not None and time.perf_counter() >= deadline:
-            return LazyResult(_cheaper(cheapest, None, lower), fresh, rounds, solve_s, proofs)
+            return LazyResult(_cheaper(cheapest, None, lower), fresh, rounds, solve_s, proofs, len(left_out))
 
 
 def _priced(solution: Solution, known: Mapping[int, float]) -> Solution:

@@ -61,6 +61,7 @@ class SegmentReport:
     solves: int = 1             # the program solved this often (a measured search: once per lazy round)
     proofs: int = 0             # of them, rounds of branch and cut
     solve_s: float = 0.0        # seconds in the solves (the rest of a measured search is measuring)
+    dominated: int = 0          # columns the last solve left out: measured kernels replace them at no more cost
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -33,12 +33,15 @@ from korch.orchestrate.partition import Segment
 @dataclass(frozen=True)
 class Problem:
     """The program's data. Tensor ids are arbitrary ints; given tensors (graph inputs,
-    constants) appear in no ``needs``. A cost of ``math.inf`` excludes a candidate."""
+    constants) appear in no ``needs``. A cost of ``math.inf`` excludes a candidate.
+    ``computed``: the required pseudo-tensors that stand for primitives (one per primitive,
+    produced by every candidate that computes it); empty where the problem has none."""
 
     costs: tuple[float, ...]
     needs: tuple[tuple[int, ...], ...]
     produces: tuple[tuple[int, ...], ...]
     required: tuple[int, ...]
+    computed: tuple[int, ...] = ()
 
     def __post_init__(self):
         n = len(self.costs)
@@ -92,7 +95,8 @@ def segment_problem(graph: Graph, candidates: CandidateSet, segment: Segment, co
         move_costs.append(conversion_costs(move))
     computed = [tid(_computed(v)) for v in sorted(segment.nodes)]
     problem = Problem(costs=tuple(costs[c] for c in ids) + tuple(move_costs), needs=tuple(needs),
-                      produces=tuple(produces), required=tuple(tid(t) for t in required) + tuple(computed))
+                      produces=tuple(produces), required=tuple(tid(t) for t in required) + tuple(computed),
+                      computed=tuple(computed))
     return problem, ids, moves
 
 

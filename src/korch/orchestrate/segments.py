@@ -65,7 +65,7 @@ def _solve_segment(problem, ids, bounds, measurer, time_limit, first):
     result = solve_lazily(problem, local_bounds, _SegmentOracle(measurer, ids), measured=measured,
                           time_limit=time_limit, first=first)
     return result.solution, {**measured, **result.measured}, {"solves": result.rounds, "proofs": result.proofs,
-                                                              "solve_s": result.solve_s}
+                                                              "solve_s": result.solve_s, "dominated": result.dominated}
 
 
 def solve_segments(graph: Graph, candidates: CandidateSet, segments: Sequence[Segment], bounds: Sequence[float],

@@ -25,7 +25,9 @@ def _measurement(m: dict | None) -> list[str]:
              f"kernels measured or looked up; {m.get('build_s', 0):.1f} s building and checking, "
              f"{m.get('timing_s', 0):.1f} s timing"
              + (f"; {m['solves']} solves of the program ({m['proofs']} of them branch and cut) took "
-                f"{m['solve_s']:.1f} s" if "solves" in m else ""),
+                f"{m['solve_s']:.1f} s" if "solves" in m else "")
+             + (f"; {m['dominated']} candidates left out of the last, measured kernels replacing them at no more "
+                "cost" if m.get("dominated") else ""),
              f"- measurements below their lower bound (raised to it): {m['below_bound']}",
              f"- kernels timed while other processes held the CPU cores (may read slow): {m.get('disturbed', 0)}",
              f"- kernels that failed to build or check (dropped, never selected): **{len(m['failures'])}**"]

@@ -44,7 +44,8 @@ class OracleError(KorchError):
 
 class CostOracle(Protocol):
     def measure(self, candidate_ids: Sequence[int]) -> Mapping[int, float]:
-        """Seconds per candidate; ``math.inf`` for one that failed to build or check."""
+        """Seconds per candidate; ``math.inf`` for one that failed to build or check. It may answer for more
+        candidates than asked (those that are the same kernel): they count as measured too."""
         ...
 
 

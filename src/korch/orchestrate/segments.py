@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from korch.ir import Graph
@@ -40,14 +41,22 @@ def measurement_stats(measurer) -> dict:
 
 
 class _SegmentOracle:
-    """A segment's local candidate numbers -> the measurer's global ones."""
+    """A segment's local candidate numbers -> the measurer's global ones. A measured kernel answers for every
+    candidate of the segment that is the same kernel (its signature): the lazy search then prices them at once
+    instead of at their floors until a plan picks them (Candy: 2566 candidates, 916 signatures)."""
 
     def __init__(self, measurer, ids: Sequence[int]):
         self.measurer, self.ids = measurer, ids
+        self.same: dict[str, list[int]] = defaultdict(list)  # signature -> local ids
+        for c, i in enumerate(ids):
+            self.same[measurer.candidates[i].signature].append(c)
 
     def measure(self, local_ids):
-        got = self.measurer.measure([self.ids[c] for c in local_ids])
-        return {c: got[self.ids[c]] for c in local_ids}
+        asked = set(local_ids)
+        signatures = {self.measurer.candidates[self.ids[c]].signature for c in asked}
+        answered = [*local_ids, *(c for s in signatures for c in self.same[s] if c not in asked)]
+        got = self.measurer.measure([self.ids[c] for c in answered])  # the twins are looked up, not built
+        return {c: got[self.ids[c]] for c in answered}
 
 
 def _solve_segment(problem, ids, bounds, measurer, time_limit, first):

@@ -11,7 +11,7 @@ Both parts compute fewer primitives than ``k`` (each candidate produces one pseu
 computes, ``problem.py``), so the replacements cannot go round in a circle: a part left out in turn is
 replaced by smaller ones, down to columns that stay. Layout conversions (no primitives) are never left out.
 
-Replacements compose (``upper`` below), so a kernel split in three or more parts is found through pairs
+Replacements compose (``Replacements.dominated``), so a kernel split in three or more parts is found through pairs
 whenever the intermediate unions are candidates. On a CPU fusing often does not pay: Candy's measured program
 (2972 columns, every kernel measured) leaves 1374 out, each a fractional alternative that branch and cut would
 otherwise have to rule out.
@@ -26,41 +26,47 @@ from collections.abc import Mapping, Sequence
 from korch.orchestrate.problem import Problem
 
 
-def dominated(problem: Problem, low: Sequence[float], true: Mapping[int, float]) -> set[int]:
-    """The columns that measured columns replace at no greater cost (none in a problem without ``computed``
-    pseudo-tensors: nothing then says which part is smaller).
+class Replacements:
+    """Which pairs of columns could replace which column: worked out once per problem (it depends on what the
+    columns read and write, not on their costs), then asked each round with that round's costs. A problem
+    without ``computed`` pseudo-tensors has none: nothing then says which part is smaller."""
 
-    ``low[c]``: a lower bound on column ``c``'s cost (``math.inf``: excluded already); ``true``: the true costs
-    known (measured). Replacements compose: a part may itself be replaced by two smaller parts, so ``upper[c]``,
-    the least true cost of computing what ``c`` computes with ``c`` or parts that replace it, is found smallest
-    columns first, over pairs.
-    """
-    computed = frozenset(problem.computed)
-    primitives = [frozenset(t for t in made if t in computed) for made in problem.produces]
-    needs = [frozenset(n) for n in problem.needs]
-    made = [frozenset(p) for p in problem.produces]
-    upper = [true.get(c, math.inf) for c in range(len(primitives))]
-    by_primitives: dict[frozenset[int], list[int]] = defaultdict(list)
-    by_least: dict[int, list[int]] = defaultdict(list)  # columns by their least primitive
-    out: set[int] = set()
-    for k in sorted((c for c, prims in enumerate(primitives) if prims), key=lambda c: len(primitives[c])):
-        prims = primitives[k]
-        split = math.inf  # the least true cost of two parts that replace k
-        if len(prims) > 1:
+    def __init__(self, problem: Problem):
+        computed = frozenset(problem.computed)
+        primitives = [frozenset(t for t in made if t in computed) for made in problem.produces]
+        needs = [frozenset(n) for n in problem.needs]
+        made = [frozenset(p) for p in problem.produces]
+        by_primitives: dict[frozenset[int], list[int]] = defaultdict(list)
+        by_least: dict[int, list[int]] = defaultdict(list)  # columns by their least primitive
+        for c, prims in enumerate(primitives):
+            if prims:
+                by_primitives[prims].append(c)
+                by_least[min(prims)].append(c)
+        # smallest columns first, so that a part's own replacements are known before it is used as one
+        self.order = sorted((c for c, prims in enumerate(primitives) if prims), key=lambda c: len(primitives[c]))
+        self.pairs: dict[int, list[tuple[int, int]]] = {}
+        for k in self.order:
+            prims = primitives[k]
             # one part computes k's least primitive (look only there); the other part is then determined
-            for a in by_least.get(min(prims), ()):
-                if upper[a] >= split or not primitives[a] < prims:
-                    continue
-                for b in by_primitives.get(prims - primitives[a], ()):
-                    if upper[a] + upper[b] < split and _replaces(k, a, b, needs, made):
-                        split = upper[a] + upper[b]
-        if split <= low[k]:
-            out.add(k)
-        upper[k] = min(upper[k], split)
-        if math.isfinite(upper[k]):
-            by_primitives[prims].append(k)
-            by_least[min(prims)].append(k)
-    return out
+            self.pairs[k] = [(a, b) for a in by_least[min(prims)] if primitives[a] < prims
+                             for b in by_primitives.get(prims - primitives[a], ()) if _replaces(k, a, b, needs, made)]
+
+    def dominated(self, low: Sequence[float], true: Mapping[int, float]) -> set[int]:
+        """The columns that measured columns replace at no greater cost.
+
+        ``low[c]``: a lower bound on column ``c``'s cost (``math.inf``: excluded already); ``true``: the true
+        costs known (measured). Replacements compose: a part may itself be replaced by two smaller parts, so
+        ``upper[c]``, the least true cost of computing what ``c`` computes with ``c`` or parts that replace it,
+        is found smallest columns first, over pairs.
+        """
+        upper = [true.get(c, math.inf) for c in range(len(low))]
+        out: set[int] = set()
+        for k in self.order:
+            split = min((upper[a] + upper[b] for a, b in self.pairs[k]), default=math.inf)
+            if split <= low[k]:
+                out.add(k)
+            upper[k] = min(upper[k], split)
+        return out
 
 
 def _replaces(k: int, a: int, b: int, needs: Sequence[frozenset[int]], made: Sequence[frozenset[int]]) -> bool:

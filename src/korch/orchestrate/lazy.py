@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from korch.errors import KorchError
-from korch.orchestrate.dominance import dominated
+from korch.orchestrate.dominance import Replacements
 from korch.orchestrate.problem import Problem
 from korch.orchestrate.solver import Solution, Solver
 
@@ -87,13 +87,13 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
             raise ValueError(f"candidate {c} has lower bound {bound}: bounds must be >= 0")
     known = {c: float(v) for c, v in (measured or {}).items()}
     fresh: dict[int, float] = {}
-    solver = Solver(problem)
-    rounds, quick, budget, solve_s, proofs, left_out = 0, True, PROOF_BUDGET_S, 0.0, 0, set()
+    solver, replacements = Solver(problem), Replacements(problem)
+    rounds, quick, budget, solve_s, proofs = 0, True, PROOF_BUDGET_S, 0.0, 0
     deadline = math.inf if time_limit is None else time.perf_counter() + time_limit
     lower, cheapest = 0.0, None  # the highest lower bound proved, the cheapest plan whose kernels are all measured
     while True:
         costs = [known.get(c, bound) for c, bound in enumerate(bounds)]
-        left_out = dominated(problem, costs, known)  # measured kernels replace them: no optimum needs them
+        left_out = replacements.dominated(costs, known)  # measured kernels replace them: no optimum needs them
         for c in left_out:
             costs[c] = math.inf
         # only the last round, whose plan is all measured, must prove its optimum; rounds before only choose what

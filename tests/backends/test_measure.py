@@ -311,3 +311,30 @@ def _messages(db) -> list[str]:
     with sqlite3.connect(db) as conn:
         return [m for (m,) in conn.execute("SELECT message FROM measurements WHERE status = 'ok' AND signature != ?",
                                            (measure.CALLING_COST,))]
+
+
+def test_a_cpu_kernel_is_timed_on_warm_inputs_and_a_gpu_kernel_on_rotated_ones(monkeypatch):
+    """In an executable a kernel reads what the kernel before it has just written, so on a CPU every timed call
+    reads the same input set (a small kernel's inputs would otherwise rotate over enough sets to overflow the
+    cache); on a GPU the sets still rotate (``rotation_sets``)."""
+    from korch.backends.check import RandomArena
+    from korch.backends.timing import cache_size, rotation_count
+    from tests.backends.kernels import fresh_kernels
+
+    kernel, = fresh_kernels(1)
+    nbytes = sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs))
+    assert rotation_count(nbytes, cache_size("cpu")) > 1  # small enough to rotate
+    seen = []
+
+    def built(*inputs):
+        seen.append(tuple(x.data_ptr() for x in inputs))
+        return [inputs[0]]
+
+    built.launches = 1
+    measure._time_built(built, kernel, [], RandomArena("cpu"), "cpu")
+    assert len(seen) > 5 and len(set(seen)) == 1
+
+    rotated = []
+    monkeypatch.setattr(measure, "rotation_sets", lambda make, nbytes, device: rotated.append(device) or [make(0)])
+    assert len(measure._timing_inputs(lambda: "a set", 64, "cuda:0")) == 1 and rotated == ["cuda:0"]
+    assert measure._timing_inputs(lambda: "a set", 64, "cpu") == ["a set"] and rotated == ["cuda:0"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from pathlib import Path
 
 
@@ -32,8 +31,9 @@ def main(argv=None) -> int:
     from korch.backends.measure import calling_cost_s
     from korch.backends.registry import backends_for
     from korch.backends.timing import rotation_sets, time_kernel
-    from korch.ir.subgraph import extract
-    from korch.pipeline import load_model
+    from korch.orchestrate.plan import Plan
+    from korch.runtime import bundle
+    from korch.runtime.build import kernel_graphs
     from korch.runtime.selfcheck import seeded_inputs
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -41,20 +41,15 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="turns of rotated and warm timing per kernel")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    plan = json.loads((args.outdir / "plan.json").read_text())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _, graph, _ = load_model(args.outdir / "reference.onnx")
-    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    graph = bundle.graph_from_bytes((args.outdir / "graph.json").read_bytes(), (args.outdir / "weights.npz").read_bytes())
+    plan = Plan.from_bytes((args.outdir / "plan.json").read_bytes())
     backends = {b.name: b for b in backends_for("cpu")}
     calling = {name: calling_cost_s(b, "cpu") for name, b in backends.items()}
     arena = RandomArena("cpu")
     rows = []
     with torch.inference_mode():
-        for k in plan["kernels"]:
-            kernel = extract(graph, frozenset(index[n] for n in k["nodes"]), k["inputs"], k["outputs"],
-                             name=k["name"], layout=k.get("layout", "contiguous"))
-            backend = k["backend"] or "inductor"  # a roofline plan names none: Inductor builds every kernel
+        for k, kernel in zip(plan.kernels, kernel_graphs(graph, plan, layouts=True)):
+            backend = k.backend or "inductor"  # a roofline plan names none: Inductor builds every kernel
             built = backends[backend].build(kernel, "cpu")
             nbytes = sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs))
             arena.reset()
@@ -64,17 +59,16 @@ def main(argv=None) -> int:
                 rotated.append(time_kernel(lambda i: built(*sets[i]), device="cpu", rotate=len(sets)).median_s)
                 warm.append(time_kernel(lambda i: built(*sets[0]), device="cpu").median_s)
             less = calling[backend]
-            rows.append({"kernel": k["name"], "ops": k["ops"], "backend": backend, "sets": len(sets),
-                         "planned_us": round(k["cost_s"] * 1e6, 2),
+            rows.append({"kernel": k.name, "ops": k.ops, "backend": backend, "sets": len(sets),
+                         "planned_us": round(k.cost_s * 1e6, 2),
                          "rotated_us": round(max(min(rotated) - less, 0.0) * 1e6, 2),
                          "warm_us": round(max(min(warm) - less, 0.0) * 1e6, 2)})
         executable = korch.load(args.outdir)
         feeds = seeded_inputs(executable.input_specs)
         inputs = [torch.from_numpy(feeds[n]) for n in executable.input_names]
         unit_s = time_kernel(lambda i: executable(*inputs), device="cpu", budget_s=2.0, min_repeats=10).median_s
-    conversions_ms = sum(c["cost_s"] for c in plan.get("conversions", [])) * 1e3
-    summary = {"model": plan["model"], "kernels": len(rows),
-               "predicted_ms": round(plan["predicted_latency_s"] * 1e3, 3) if "predicted_latency_s" in plan else None,
+    conversions_ms = sum(c.cost_s for c in plan.conversions) * 1e3
+    summary = {"model": plan.model, "kernels": len(rows), "predicted_ms": round(plan.predicted_latency_s * 1e3, 3),
                "planned_sum_ms": round(sum(r["planned_us"] for r in rows) / 1e3 + conversions_ms, 3),
                "rotated_sum_ms": round(sum(r["rotated_us"] for r in rows) / 1e3 + conversions_ms, 3),
                "warm_sum_ms": round(sum(r["warm_us"] for r in rows) / 1e3 + conversions_ms, 3),

@@ -34,10 +34,13 @@ from korch.orchestrate.plan import Plan, PlannedKernel
 _LIBRARY_KINDS = (Kind.LINEAR, Kind.WINDOW, Kind.OPAQUE)
 
 
-def kernel_graphs(graph: Graph, plan: Plan) -> list[Graph]:
-    """Each planned kernel's primitives cut out of ``graph`` as a graph of their own."""
+def kernel_graphs(graph: Graph, plan: Plan, layouts: bool = False) -> list[Graph]:
+    """Each planned kernel's primitives cut out of ``graph`` as a graph of their own; with ``layouts``, reading
+    and writing its values in the layout the plan gave it (as the compiled unit stores them and the search
+    measured it), else contiguous (as the kernel-by-kernel executable stores every value)."""
     index = {node.name: i for i, node in enumerate(graph.nodes)}
-    return [extract(graph, [index[n] for n in k.nodes], k.inputs, k.outputs, name=k.name) for k in plan.kernels]
+    return [extract(graph, [index[n] for n in k.nodes], k.inputs, k.outputs, name=k.name,
+                    **({"layout": k.layout} if layouts else {})) for k in plan.kernels]
 
 
 def _preference(kernel: Graph, planned: PlannedKernel, backends: Sequence[Backend]) -> list[Backend]:

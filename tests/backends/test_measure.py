@@ -338,3 +338,18 @@ def test_a_cpu_kernel_is_timed_on_warm_inputs_and_a_gpu_kernel_on_rotated_ones(m
     monkeypatch.setattr(measure, "rotation_sets", lambda make, nbytes, device: rotated.append(device) or [make(0)])
     assert len(measure._timing_inputs(lambda: "a set", 64, "cuda:0")) == 1 and rotated == ["cuda:0"]
     assert measure._timing_inputs(lambda: "a set", 64, "cpu") == ["a set"] and rotated == ["cuda:0"]
+
+
+def test_kernels_timed_inside_a_cuda_graph_are_counted_and_reported_for_a_gpu(tmp_path, monkeypatch):
+    """A GPU kernel that cannot be captured is timed as launched (``time_kernel(graphed=True)`` falls back):
+    the plan's stats count those that were captured, and report.md says so on a GPU (never on a CPU)."""
+    import dataclasses
+
+    real = measure.time_kernel
+    monkeypatch.setattr(measure, "time_kernel", lambda *a, **k: dataclasses.replace(real(*a, **k), graphed=True))
+    result = optimize(_model(), target="cpu", cost="measured", db=tmp_path / "p.sqlite", jobs=1, max_kernel_nodes=2)
+    m = result.plan.stats["measurement"]
+    assert m["kernels_measured"] > 0 and m["timed_in_graph"] == m["kernels_measured"]
+    assert "replayed CUDA graph" not in render_markdown(result.plan)
+    on_gpu = dataclasses.replace(result.plan, stats={**result.plan.stats, "measurement": {**m, "device": "h100:fp32"}})
+    assert f"inside a replayed CUDA graph: {m['kernels_measured']} of {m['kernels_measured']}" in render_markdown(on_gpu)

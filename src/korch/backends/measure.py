@@ -89,6 +89,7 @@ class MeasureStats:
     build_s: float = 0.0      # wall seconds building and checking kernels (workers in parallel), and their
                               # timing where the workers time
     timing_s: float = 0.0     # seconds timing them, one at a time (in this process; on a GPU in the workers)
+    graphed: int = 0          # kernels timed inside a replayed CUDA graph; a GPU's others could not be captured
     failures: list[Failure] = dataclasses.field(default_factory=list)
 
 
@@ -112,6 +113,7 @@ class _Checked:
     latency_s: float | None = None  # once timed (in a worker on a GPU: see _worker)
     variant: dict | None = None     # the launch variant the timing chose
     timing_s: float = 0.0           # seconds the timing took
+    graphed: bool = False           # timed inside one replayed CUDA graph (``time_kernel(graphed=True)``)
 
 
 def _build(backend: Backend, kernel: Graph, device: str) -> tuple[object, _Checked | None]:
@@ -219,7 +221,7 @@ def _time_checked(checked: _Checked, kernel: Graph, arena: RandomArena, device: 
             started = time.perf_counter()
             timing, checked.variant, checked.launches = _time_built(built, kernel, checked.variants, arena, device)
             checked.timing_s = time.perf_counter() - started
-        checked.latency_s = timing.median_s
+        checked.latency_s, checked.graphed = timing.median_s, timing.graphed
         if timing.disturbed:
             checked.message = DISTURBED
     except Exception as exc:
@@ -458,6 +460,7 @@ class KernelMeasurer:
                               rebuild=lambda: backend.build(kernel, self.device))
             self.stats.timing_s += checked.timing_s
             self.stats.disturbed += checked.message == DISTURBED
+            self.stats.graphed += checked.graphed
             records.append(Record(signature=s, device=self.device_key, backend=backend.name,
                                   backend_version=self.versions[backend.name], status=checked.status,
                                   latency_s=checked.latency_s, message=checked.message, launches=checked.launches,

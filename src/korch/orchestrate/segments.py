@@ -35,7 +35,7 @@ def measurement_stats(measurer) -> dict:
             "signatures": signatures, "signatures_asked": st.asked,
             "measured_share": st.asked / signatures if signatures else 0.0,
             "from_database": st.from_db, "kernels_measured": st.measured, "below_bound": st.below_bound,
-            "disturbed": st.disturbed,
+            "disturbed": st.disturbed, "timed_in_graph": st.graphed,
             "build_s": st.build_s, "timing_s": st.timing_s,
             "failures": [dataclasses.asdict(f) for f in st.failures]}
 

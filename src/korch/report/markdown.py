@@ -30,6 +30,9 @@ def _measurement(m: dict | None) -> list[str]:
                 "cost" if m.get("dominated") else ""),
              f"- measurements below their lower bound (raised to it): {m['below_bound']}",
              f"- kernels timed while other processes held the CPU cores (may read slow): {m.get('disturbed', 0)}",
+             *([f"- kernels timed inside a replayed CUDA graph: {m['timed_in_graph']} of {m['kernels_measured']} "
+                "(the others could not be captured, and were timed as launched)"]
+               if "timed_in_graph" in m and not str(m.get("device", "")).startswith("cpu") else []),
              f"- kernels that failed to build or check (dropped, never selected): **{len(m['failures'])}**"]
     if m["failures"]:
         lines += ["", "| signature | ops | backend | status | reason |", "| --- | --- | --- | --- | --- |",

@@ -334,10 +334,12 @@ def test_a_cpu_kernel_is_timed_on_warm_inputs_and_a_gpu_kernel_on_rotated_ones(m
     measure._time_built(built, kernel, [], RandomArena("cpu"), "cpu")
     assert len(seen) > 5 and len(set(seen)) == 1
 
+    from korch.backends import timing
+
     rotated = []
-    monkeypatch.setattr(measure, "rotation_sets", lambda make, nbytes, device: rotated.append(device) or [make(0)])
-    assert len(measure._timing_inputs(lambda: "a set", 64, "cuda:0")) == 1 and rotated == ["cuda:0"]
-    assert measure._timing_inputs(lambda: "a set", 64, "cpu") == ["a set"] and rotated == ["cuda:0"]
+    monkeypatch.setattr(timing, "rotation_sets", lambda make, nbytes, device: rotated.append(device) or [make(0)])
+    assert len(timing.timing_inputs(lambda: "a set", 64, "cuda:0")) == 1 and rotated == ["cuda:0"]
+    assert timing.timing_inputs(lambda: "a set", 64, "cpu") == ["a set"] and rotated == ["cuda:0"]
 
 
 def test_kernels_timed_inside_a_cuda_graph_are_counted_and_reported_for_a_gpu(tmp_path, monkeypatch):

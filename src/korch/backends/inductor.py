@@ -37,7 +37,7 @@ from korch.ir.graph import Graph
 from korch.ir.ops import Op
 
 VERSION = "5"  # 3: CPU kernels return their outputs; 4: their float32 exp is ATen's exp_u20 (vector_exp.py);
-# 5: CPU kernels timed on warm inputs (measure._timing_inputs)
+# 5: CPU kernels timed on warm inputs (timing.timing_inputs)
 _KERNEL_DEFINITIONS = re.compile(r"async_compile\.(cpp_pybinding|cpp|triton)\(")
 _LIBRARY_CALLS = re.compile(r"\b(extern_kernels\.\w+|torch\.ops\.\w+\.\w+(?:\.\w+)?)\(")
 

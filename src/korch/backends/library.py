@@ -16,7 +16,7 @@ from korch.backends.base import contiguous_only, write_outputs
 from korch.backends.torch_ops import kernel_function
 from korch.ir.graph import Graph
 
-VERSION = "2"  # 2: CPU kernels timed on warm inputs (measure._timing_inputs)
+VERSION = "2"  # 2: CPU kernels timed on warm inputs (timing.timing_inputs)
 
 
 class LibraryKernel:

@@ -56,7 +56,7 @@ from korch.errors import one_line
 from korch.backends.check import RandomArena, check, checked_variants, random_inputs
 from korch.backends.db import ProfileDB, Record
 from korch.backends.registry import backends_for, device_for
-from korch.backends.timing import Timing, rotation_sets, time_kernel
+from korch.backends.timing import Timing, time_kernel, timing_inputs
 from korch.cost.devices import get_device
 from korch.ir.graph import Graph, Node, Tensor, other_layout
 from korch.ir.ops import Op
@@ -232,7 +232,7 @@ def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomAren
         -> tuple[Timing, dict | None, int]:
     """(the timing, chosen launch variant among the checked ``variants``, launches)."""
     arena.reset()
-    sets = _timing_inputs(lambda: arena.inputs(kernel),
+    sets = timing_inputs(lambda: arena.inputs(kernel),
                           sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs)), device)
     variant = None
     if _tunes(built, device):  # Triton: keep the fastest launch variant
@@ -241,18 +241,6 @@ def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomAren
         variant = {"variant": built.variant.describe()}
     return (time_kernel(lambda i: built(*sets[i]), device=device, rotate=len(sets), graphed=True), variant,
             built.launches)
-
-
-def _timing_inputs(make: Callable[[], object], nbytes: int, device: str) -> list:
-    """The input sets a kernel is timed on. On a CPU one set, read again by every call: in an executable a
-    kernel reads what the kernel before it has just written, in the cache wherever the model's values fit
-    (YOLOX-Nano's roofline kernels summed 16.5 ms with their inputs rotated past the cache, 13.5 ms warm, and
-    its compiled unit ran 12.6 ms; Candy's and the BERT layer's sums moved by 2%: their values overflow the
-    cache, or their products read weights, either way). On a GPU they rotate past the L2 cache (``rotation_sets``)
-    until a device says otherwise (``runtime/kernel_times.py`` measures kernels inside the executable's graph)."""
-    if device == "cpu":
-        return [make()]
-    return rotation_sets(lambda i: make(), nbytes, device=device)
 
 
 def _chunks(count: int, jobs: int, size: int) -> list[list[int]]:
@@ -353,7 +341,7 @@ class KernelMeasurer:
         key = (tensor.shape, tensor.dtype, to)
         if key not in self._conversions:
             self._arena.reset()
-            sets = _timing_inputs(lambda: self._arena.take(tensor.dtype, tensor.shape, other_layout(to)),
+            sets = timing_inputs(lambda: self._arena.take(tensor.dtype, tensor.shape, other_layout(to)),
                                   2 * tensor.nbytes, self.device)
             outputs = [stored_as(torch.empty_like(x), to) for x in sets]
             self._conversions[key] = time_kernel(lambda i: outputs[i].copy_(sets[i]), device=self.device,

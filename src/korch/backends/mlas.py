@@ -22,7 +22,7 @@ from korch.backends.torch_ops import kernel_function
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
 
-VERSION = "2"  # 2: CPU kernels timed on warm inputs (measure._timing_inputs)
+VERSION = "2"  # 2: CPU kernels timed on warm inputs (timing.timing_inputs)
 
 
 class MlasKernel(InductorKernel):

@@ -4,7 +4,7 @@
 ``rotate`` input sets, in turn: consecutive runs read different buffers, so a
 small kernel is not flattered by finding its inputs already in cache (the
 caller allocates enough sets with ``rotation_sets``, sized against the cache by
-``cache_size``). Warm-up (module load, compilation, allocator growth, clock
+``cache_size``; ``timing_inputs`` says when: on a GPU, not on a CPU). Warm-up (module load, compilation, allocator growth, clock
 ramp) is at least ``warmup`` calls and ``warmup_s`` seconds; then timed runs
 follow until ``repeats`` runs or, once ``min_repeats`` are in, ``budget_s``
 seconds of them. The median is the measurement; the minimum is kept beside it.
@@ -283,6 +283,18 @@ def rotation_sets(make_inputs: Callable[[int], T], nbytes: int, cache_bytes: int
     if cache_bytes is None:
         cache_bytes = cache_size(device)
     return [make_inputs(i) for i in range(rotation_count(nbytes, cache_bytes, cap))]
+
+
+def timing_inputs(make: Callable[[], object], nbytes: int, device: str | torch.device) -> list:
+    """The input sets a kernel is timed on. On a CPU one set, read again by every call: in an executable a
+    kernel reads what the kernel before it has just written, in the cache wherever the model's values fit
+    (YOLOX-Nano's roofline kernels summed 16.5 ms with their inputs rotated past the cache, 13.5 ms warm, and
+    its compiled unit ran 12.6 ms; Candy's and the BERT layer's sums moved by 2%: their values overflow the
+    cache, or their products read weights, either way). On a GPU they rotate past the L2 cache (``rotation_sets``)
+    until a device says otherwise (``runtime/kernel_times.py`` measures kernels inside the executable's graph)."""
+    if torch.device(device).type == "cpu":
+        return [make()]
+    return rotation_sets(lambda i: make(), nbytes, device=device)
 
 
 def take_turns(names: Sequence[str], time_one: Callable[[str, int], T], rounds: int,

@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="turns of rotated and warm timing per kernel")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    graph = bundle.graph_from_bytes((args.outdir / "graph.json").read_bytes(), (args.outdir / "weights.npz").read_bytes())
+    graph = bundle.graph_from_bytes((args.outdir / "graph.json").read_bytes(),
+                                    (args.outdir / "weights.npz").read_bytes())
     plan = Plan.from_bytes((args.outdir / "plan.json").read_bytes())
     backends = {b.name: b for b in backends_for("cpu")}
     calling = {name: calling_cost_s(b, "cpu") for name, b in backends.items()}

@@ -4,7 +4,8 @@
 ``rotate`` input sets, in turn: consecutive runs read different buffers, so a
 small kernel is not flattered by finding its inputs already in cache (the
 caller allocates enough sets with ``rotation_sets``, sized against the cache by
-``cache_size``; ``timing_inputs`` says when: on a GPU, not on a CPU). Warm-up (module load, compilation, allocator growth, clock
+``cache_size``; ``timing_inputs`` rotates a GPU kernel's inputs, never a CPU
+kernel's). Warm-up (module load, compilation, allocator growth, clock
 ramp) is at least ``warmup`` calls and ``warmup_s`` seconds; then timed runs
 follow until ``repeats`` runs or, once ``min_repeats`` are in, ``budget_s``
 seconds of them. The median is the measurement; the minimum is kept beside it.

@@ -1,6 +1,7 @@
 """The compiled unit: a whole CPU plan in one AOTInductor package that loads without compiling, keeps korch's
 kernels apart, and refuses (one line, exit 2) a damaged package or one built for another torch or CPU."""
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -494,3 +495,35 @@ def test_variants_are_compared_by_their_fastest_call_not_their_median():
     units = {"steady": lambda: time.sleep(0.003), "slowed every other call": lambda: time.sleep(next(slowed))}
     seconds = unit._fastest_seconds(units, (), "cpu")
     assert seconds["slowed every other call"] < 0.0028 < 0.003 <= seconds["steady"]
+
+
+def _activations_model() -> onnx.ModelProto:
+    """A 3x3 convolution with its bias and a HardSwish, then a product by a weight with its bias and a GELU."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c"], ["h"]), helper.make_node("MatMul", ["h", "m"], ["p"]),
+             helper.make_node("Add", ["p", "bm"], ["q"]), helper.make_node("Gelu", ["q"], ["y"])]
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("w", (8, 3, 3, 3)), ("b", (8,)), ("m", (8, 16)), ("bm", (16,)))]
+    graph = helper.make_graph(nodes, "activations", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, 6, 8))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, 6, 16))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+def test_activations_and_biases_are_the_librarys_post_ops_in_a_packed_unit():
+    """Fission writes HardSwish and GELU as several primitives; in one kernel with the convolution or product
+    before them, a unit packed for oneDNN computes each as that call's post-op, and matches ONNX Runtime."""
+    from korch.orchestrate.plan import PlannedKernel
+
+    model = _activations_model()
+    result = optimize(model, target="cpu", cost="roofline")
+    graph = result.graph
+    whole = PlannedKernel(name="k0", nodes=tuple(n.name for n in graph.nodes), ops="all", inputs=tuple(graph.inputs),
+                          outputs=tuple(graph.outputs), signature="", cost_s=0.0, bound_s=0.0, measured=False)
+    plan = dataclasses.replace(result.plan, kernels=(whole,), conversions=())
+    package = unit.compile_unit(graph, plan, "cpu", unit.VARIANTS["packed for oneDNN"])
+    code = _wrapper_code(package)
+    assert '"hardswish"' in code and '"gelu"' in code
+    x = np.random.default_rng(6).normal(0, 3, (1, 3, 6, 8)).astype(np.float32)
+    got = unit.CompiledUnit.from_bytes(package)(torch.from_numpy(x))[0].numpy()
+    np.testing.assert_allclose(got, run_model(model, {"x": x})["y"], rtol=1e-4, atol=1e-4)

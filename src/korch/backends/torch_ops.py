@@ -12,12 +12,13 @@ primitives run in ONNX Runtime on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from korch.backends.activations import ACTIVATIONS, activation_chains
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import Op
 from korch.ir import interpret
@@ -241,12 +242,16 @@ def _tanh_of_softplus(x: torch.Tensor) -> list[torch.Tensor]:
     return [torch.where(x > _MISH_SATURATED, torch.ones_like(x), n / (n + 2))]
 
 
-def rewritten_steps(graph: Graph, kernels: Sequence[Sequence[str]], device) -> dict[str, tuple]:
-    """Steps computing a primitive from further back in its own kernel, faster than its own function: on a CPU,
+def rewritten_steps(graph: Graph, kernels: Sequence[Sequence[str]], device,
+                    replaced: Collection[str] = ()) -> dict[str, tuple]:
+    """Steps computing a primitive from further back in its own kernel, faster than its own function, on a CPU:
     the tanh of a float32 softplus (Mish's core: YOLOv4 has 72 Mish over 44M values) from the softplus's input,
-    with one exponential (5.9M values: 1.7 ms against 7.4 on 2 threads). The softplus stays, for any other
-    reader (Inductor drops it when there is none). ``kernels``: the planned kernels' primitive names; a
-    primitive and what it is computed from must share one to be rewritten."""
+    with one exponential (5.9M values: 1.7 ms against 7.4 on 2 threads); the last primitive of an activation
+    fission wrote as several (``activations.py``) as torch's op, which Inductor's freezing joins with the
+    convolution or product before it. What a rewritten step skips stays, for any other reader (Inductor drops
+    it when there is none). ``kernels``: the planned kernels' primitive names; a primitive and what it is
+    computed from must share one to be rewritten. ``replaced``: primitives other steps compute (MLAS's
+    products, ``ort_steps``), which no rewritten step bypasses."""
     if torch.device(device).type != "cpu":
         return {}
     producer = {t: node for node in graph.nodes for t in node.outputs}
@@ -258,7 +263,44 @@ def rewritten_steps(graph: Graph, kernels: Sequence[Sequence[str]], device) -> d
                 kernel_of.get(source.name) == kernel_of[node.name] and \
                 graph.tensors[source.inputs[0]].dtype == "float32":
             steps[node.name] = (_tanh_of_softplus, source.inputs, node.outputs)
+    for node in graph.nodes:
+        product = _biased_product(graph, node, producer)
+        if product is not None and product.name not in replaced and node.name in kernel_of and \
+                kernel_of.get(product.name) == kernel_of[node.name]:
+            bias = next(t for t in node.inputs if t != product.outputs[0])
+            steps[node.name] = (_linear, [product.inputs[0], product.inputs[1], bias], node.outputs)
+    for chain in activation_chains(graph, kernel_of):
+        if not any(name in replaced for name in chain.nodes):
+            steps[chain.nodes[-1]] = (_torch_activation(chain.activation), [chain.source], [chain.output])
     return steps
+
+
+def _biased_product(graph: Graph, node: Node, producer: Mapping[str, Node]) -> Node | None:
+    """The product where ``node`` adds a bias (a constant over the last axis) to a float32 activation times a
+    constant 2-D weight, else None: as one ``F.linear`` it is the product Inductor's freezing packs for oneDNN
+    with its bias, and then with the activation after it."""
+    if node.op is not Op.ADD or len(node.inputs) != 2 or graph.tensors[node.outputs[0]].dtype != "float32":
+        return None
+    for position in (0, 1):
+        product, bias = producer.get(node.inputs[position]), graph.constants.get(node.inputs[1 - position])
+        if product is None or product.op is not Op.MATMUL or bias is None:
+            continue
+        weight = graph.constants.get(product.inputs[1])
+        if weight is None or weight.ndim != 2 or weight.dtype != np.float32 or product.inputs[0] in graph.constants:
+            continue
+        if bias.dtype == np.float32 and bias.size == weight.shape[1] and bias.shape[-1:] == weight.shape[1:] and \
+                graph.tensors[node.outputs[0]].shape == graph.tensors[product.outputs[0]].shape:
+            return product
+    return None
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> list[torch.Tensor]:
+    return [F.linear(x, weight.t(), bias.reshape(-1))]
+
+
+def _torch_activation(name: str) -> NodeFn:
+    fn = ACTIVATIONS[name]
+    return lambda x: [fn(x)]
 
 
 def kernel_function(kernel: Graph, device, replaced: Mapping | None = None) -> Callable[..., list[torch.Tensor]]:
@@ -267,7 +309,8 @@ def kernel_function(kernel: Graph, device, replaced: Mapping | None = None) -> C
     None where another step computes its outputs (``ort_steps.replacements``); ``rewritten_steps`` apply where
     it does not say."""
     constants = {name: interpret.as_torch(v).to(device) for name, v in kernel.constants.items()}
-    replaced = {**rewritten_steps(kernel, [[node.name for node in kernel.nodes]], device), **(replaced or {})}
+    replaced = {**rewritten_steps(kernel, [[node.name for node in kernel.nodes]], device, replaced or ()),
+                **(replaced or {})}
     steps = [replaced.get(node.name) or (node_function(kernel, node, device), node.inputs, node.outputs)
              for node in kernel.nodes if node.name not in replaced or replaced[node.name]]
     inputs, outputs = list(kernel.inputs), list(kernel.outputs)

@@ -144,7 +144,7 @@ class PlanModule(torch.nn.Module):
 
     def _steps(self, graph: Graph) -> list:
         nodes = {node.name: node for node in graph.nodes}
-        rewritten = rewritten_steps(graph, [k.nodes for k in self._plan.kernels], self._device)
+        rewritten = rewritten_steps(graph, [k.nodes for k in self._plan.kernels], self._device, self._replaced)
 
         def step(name: str):
             return self._replaced.get(name) or rewritten.get(name) or \

@@ -36,8 +36,9 @@ from korch.ir import dtypes
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
 
-VERSION = "5"  # 3: CPU kernels return their outputs; 4: their float32 exp is ATen's exp_u20 (vector_exp.py);
-# 5: CPU kernels timed on warm inputs (timing.timing_inputs)
+VERSION = "6"  # 3: CPU kernels return their outputs; 4: their float32 exp is ATen's exp_u20 (vector_exp.py);
+# 5: CPU kernels timed on warm inputs (timing.timing_inputs); 6: activations and biased products as torch's ops
+# (torch_ops.rewritten_steps)
 _KERNEL_DEFINITIONS = re.compile(r"async_compile\.(cpp_pybinding|cpp|triton)\(")
 _LIBRARY_CALLS = re.compile(r"\b(extern_kernels\.\w+|torch\.ops\.\w+\.\w+(?:\.\w+)?)\(")
 

@@ -141,3 +141,21 @@ def test_on_a_cpu_inductor_returns_its_outputs_in_their_layouts_and_never_an_inp
     np.testing.assert_array_equal(y.numpy(), x.reshape(24).numpy())
     out = torch.empty(24)
     assert built(x, out=[out])[0] is out and torch.equal(out, y)
+
+
+def test_a_cpu_kernel_reads_a_view_with_other_strides_than_it_was_compiled_for():
+    """A kernel-by-kernel CPU executable passes what the library returns, a slice of a larger value among them
+    (EfficientViT's measured plan); the compiled kernel asserts its strides, so it takes the view as stored."""
+    import torch
+    from onnx import helper
+
+    from tests.backends.kernels import kernel
+
+    graph = kernel([helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Relu", ["e"], ["y"])],
+                   {"x": (1, 16, 64, 1)}, {"y": (1, 16, 64, 1)}, {})
+    built = InductorBackend().build(graph, "cpu")
+    whole = torch.randn(1, 16, 64, 17)
+    view = whole[..., 3:4]
+    assert not view.is_contiguous()
+    (y,) = built(view)
+    torch.testing.assert_close(y, torch.relu(torch.exp(view)))

@@ -278,14 +278,19 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
                        progress: Progress, compiled_unit: bool = True, how: _Check = _Check()) -> Optimized:
     from korch.runtime.assemble import assemble
     from korch.runtime.build import build_plan, recheck
-    from korch.runtime.selfcheck import check_against_onnxruntime
+    from korch.runtime.selfcheck import check_against_onnxruntime, raised
     from korch.runtime.write import write_executable
 
     graph, plan = result.graph, result.plan
     reference_model = onnx.load_from_string(result.reference)
 
     def checked(executable):
-        return check_against_onnxruntime(executable, reference_model, how.inputs, tolerance=how.tolerance)
+        try:
+            return check_against_onnxruntime(executable, reference_model, how.inputs, tolerance=how.tolerance)
+        except KorchError:
+            raise
+        except Exception as exc:  # an executable that raises fails its check: the steps after it apply, and the
+            return raised(executable.output_names, exc)  # plan is written, not lost in a traceback
 
     with stage("build"):
         steps = build_plan(graph, plan, target, device, progress.on_build, check_kernels=False)

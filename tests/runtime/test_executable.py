@@ -267,3 +267,38 @@ def test_gpu_plan_with_triton_kernels_runs_in_the_interpreter(tmp_path):
     check = check_against_onnxruntime(assembled.executable, model)
     assert check.ok, check.summary()
     assert "K[0](" in (tmp_path / "out" / "model.py").read_text()
+
+
+def test_an_executable_that_raises_fails_its_check_and_its_plan_is_written(tmp_path, monkeypatch):
+    """A run that raises (EfficientViT's kernel-by-kernel executable after a 45-minute search: a stride
+    assertion in a compiled kernel) is a failed check, not a traceback: the directory is written, marked."""
+    from korch.runtime.executable import Executable
+
+    def broken(self, kernels, inputs):
+        raise AssertionError("expected size 16==16, stride 278528==16384 at dim=1")
+
+    monkeypatch.setattr(Executable, "launch_sequence", broken)  # every kernel checks alone
+    out = tmp_path / "out"
+    with pytest.raises(CheckFailed, match="DOES NOT match.*raised AssertionError: expected size"):
+        optimize(_two_output_model(), output=out, target="cpu", cost="roofline", compiled_unit=False)
+    assert json.loads((out / "manifest.json").read_text())["check"]["ok"] is False
+    assert (out / "plan.json").exists()
+
+
+def test_a_kernel_that_raises_is_rebuilt_by_the_next_backend(tmp_path, monkeypatch):
+    """Kernels are built unchecked; when the executable's run raises, each kernel is checked alone, and one that
+    raises on its own inputs is wrong like one that miscomputes: the next backend builds it."""
+    from korch.backends.library import LibraryKernel
+    from korch.runtime import build
+
+    def broken(self, *xs, out=None):
+        raise RuntimeError("the library's call failed")
+
+    monkeypatch.setattr(LibraryKernel, "__call__", broken)
+    monkeypatch.setattr(build, "_preference", lambda kernel, planned, backends: sorted(
+        (b for b in backends if b.claims(kernel) is None), key=lambda b: b.name != "library"))
+    result = optimize(_two_output_model(), output=tmp_path / "out", target="cpu", cost="roofline",
+                      compiled_unit=False)
+    assert result.executable.check.ok
+    refused = [why for k in result.manifest["kernels"] for why in k.get("refused", [])]
+    assert refused and all("raised RuntimeError: the library's call failed" in why for why in refused)

@@ -19,13 +19,14 @@ rebuild the failing ones with the next backend.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
 from korch.backends.base import Backend, BuiltKernel
-from korch.backends.check import check
+from korch.backends.check import CheckResult, check
 from korch.backends.library import LibraryKernel
 from korch.backends.registry import backends_for
-from korch.errors import KorchError
+from korch.errors import KorchError, one_line
 from korch.ir.graph import Graph
 from korch.ir.ops import Kind
 from korch.ir.subgraph import extract
@@ -136,7 +137,10 @@ def recheck(steps: Sequence[BuiltStep], target: str, device: str) -> tuple[list[
     result, rebuilt = [], 0
     for step in steps:
         if not step.checked:
-            outcome = check(step.built, step.kernel, device=device)
+            try:
+                outcome = check(step.built, step.kernel, device=device)
+            except Exception as exc:  # a kernel that raises on its own inputs is as wrong as one that miscomputes
+                outcome = CheckResult(False, math.inf, math.inf, f"raised {one_line(exc)}")
             if not outcome.ok:
                 why = f"{step.backend}: check failed: {outcome.message}"
                 step = build_step(step.planned, step.kernel, backends, device, skip=(step.backend,),

@@ -17,6 +17,7 @@ executable is not thrown away for the reference's own noise.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -24,6 +25,7 @@ import torch
 
 from korch import config
 from korch.backends.check import FLOAT_TOLERANCE, compare
+from korch.errors import one_line
 from korch.ir import ort
 
 
@@ -72,6 +74,13 @@ class ModelCheck:
         return {"ok": self.ok, "max_abs": self.max_abs, "max_rel": self.max_rel, "tolerance": self.tolerance,
                 "replayed": self.replayed,
                 "outputs": [dataclasses.asdict(o) for o in self.outputs]}
+
+
+def raised(output_names, exc: Exception, tolerance: float = FLOAT_TOLERANCE) -> ModelCheck:
+    """The check of an executable whose run raised ``exc``: every output failed, with the error as its message."""
+    message = f"the run raised {one_line(exc, 300)}"
+    return ModelCheck(tuple(OutputCheck(name, False, math.inf, math.inf, math.inf, message) for name in output_names),
+                      tolerance)
 
 
 def seeded_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int | None = None) -> dict[str, np.ndarray]:

@@ -121,6 +121,10 @@ class PlanModule(torch.nn.Module):
         self.token, self._replaced = None, {}
         if ort_kernels:
             self._replace_by_ort_kernels(graph)
+        # found once, on the graph at its full size, outside any tracing: the activations' probes run torch ops
+        # (a dynamic unit builds its steps again at each size while torch.export traces) and no rewrite depends
+        # on a size
+        self._rewritten = rewritten_steps(graph, [k.nodes for k in plan.kernels], device, self._replaced)
         self._kernels = None if sizes else self._steps(graph)
         self._inputs, self._outputs = list(graph.inputs), list(graph.outputs)
 
@@ -144,10 +148,9 @@ class PlanModule(torch.nn.Module):
 
     def _steps(self, graph: Graph) -> list:
         nodes = {node.name: node for node in graph.nodes}
-        rewritten = rewritten_steps(graph, [k.nodes for k in self._plan.kernels], self._device, self._replaced)
 
         def step(name: str):
-            return self._replaced.get(name) or rewritten.get(name) or \
+            return self._replaced.get(name) or self._rewritten.get(name) or \
                 (node_function(graph, nodes[name], self._device, **self._lowering), nodes[name].inputs,
                  nodes[name].outputs)
 

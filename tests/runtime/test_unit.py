@@ -505,7 +505,8 @@ def _activations_model() -> onnx.ModelProto:
              helper.make_node("Add", ["p", "bm"], ["q"]), helper.make_node("Gelu", ["q"], ["y"])]
     inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
              for name, shape in (("w", (8, 3, 3, 3)), ("b", (8,)), ("m", (8, 16)), ("bm", (16,)))]
-    graph = helper.make_graph(nodes, "activations", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, 6, 8))],
+    graph = helper.make_graph(nodes, "activations",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, 6, 8))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, 6, 16))], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
 

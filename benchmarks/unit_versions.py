@@ -91,10 +91,11 @@ def main(argv=None) -> int:
         for name, source in versions.items():
             compile_with(Path(source), args.outdir, paths[name])
         manifest = json.loads((args.outdir / "manifest.json").read_text())
-        # a unit of the ONNX Runtime variant calls operators from the library its OUTDIR carries
-        libraries = [args.outdir / name for name in bundle.unit_libraries(manifest)]
-        units = {} if args.fresh else {name: unit.CompiledUnit(str(path), libraries) for name, path in paths.items()}
-        inputs = unit.example_inputs(bundle.read_graph(args.outdir), "cpu")
+        if not args.fresh:
+            # a unit of the ONNX Runtime variant calls operators from the library its OUTDIR carries
+            libraries = [args.outdir / name for name in bundle.unit_libraries(manifest)]
+            units = {name: unit.CompiledUnit(str(path), libraries) for name, path in paths.items()}
+            inputs = unit.example_inputs(bundle.read_graph(args.outdir), "cpu")
         trials = []
         for _ in range(args.trials):
             if args.fresh:

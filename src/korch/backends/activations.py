@@ -35,7 +35,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 _MAX_CHAIN = 8
 _CHAIN_OPS = (UNARY | BINARY | {Op.CAST}) - COMPARISON - LOGICAL - {Op.MOD}
 # Both tails and the bends between: HardSwish's corners at -3 and 3, SiLU's and GELU's saturation past +-10
-_PROBE = np.concatenate([np.linspace(-12.0, 12.0, 4801), [-1e4, -100.0, -30.0, 30.0, 100.0, 1e4]])
+_PROBE = np.concatenate([np.linspace(-12.0, 12.0, 4801), [-1e4, -100.0, -30.0, 30.0, 100.0, 1e4]]).astype(np.float32)
 # A match is a difference of float32 rounding: different formulations of one function differ by a few ulps
 _ATOL, _RTOL = 1e-6, 1e-5
 
@@ -78,10 +78,10 @@ def _chain_to(graph: Graph, last: Node, producer: Mapping[str, Node], position: 
         if len(inputs) == 1:
             (source,) = inputs
             if graph.tensors[source].shape == shape and graph.tensors[source].dtype == "float32" and len(nodes) > 1:
-                activation = _which(graph, [n for n in graph.nodes if n.name in nodes], source, last.outputs[0])
+                ordered = sorted(nodes.values(), key=lambda n: position[n.name])
+                activation = _which(graph, ordered, source, last.outputs[0])
                 if activation is not None:
-                    return Chain(activation, source, last.outputs[0],
-                                 tuple(sorted(nodes, key=position.__getitem__)))
+                    return Chain(activation, source, last.outputs[0], tuple(n.name for n in ordered))
         latest = max((producer[t] for t in inputs if t in producer), key=lambda n: position[n.name], default=None)
         if latest is None or latest.op not in _CHAIN_OPS or len(latest.outputs) != 1 or \
                 graph.tensors[latest.outputs[0]].shape != shape or \
@@ -97,9 +97,9 @@ def _is_scalar(graph: Graph, name: str) -> bool:
 
 
 def _which(graph: Graph, nodes: Sequence[Node], source: str, output: str) -> str | None:
-    """The activation ``nodes`` compute from ``source`` (probed), or None."""
-    probe = torch.from_numpy(_PROBE.astype(np.float32))
-    env = {name: interpret.as_torch(value) for name, value in graph.constants.items() if np.size(value) == 1}
+    """The activation ``nodes`` (in graph order) compute from ``source`` and scalars (probed), or None."""
+    probe = torch.from_numpy(_PROBE)
+    env = {t: interpret.as_torch(graph.constants[t]) for node in nodes for t in node.inputs if t in graph.constants}
     env[source] = probe
     with torch.no_grad():
         for node in nodes:

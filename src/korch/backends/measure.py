@@ -233,7 +233,7 @@ def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomAren
     """(the timing, chosen launch variant among the checked ``variants``, launches)."""
     arena.reset()
     sets = timing_inputs(lambda: arena.inputs(kernel),
-                          sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs)), device)
+                         sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs)), device)
     variant = None
     if _tunes(built, device):  # Triton: keep the fastest launch variant
         built.tune(lambda call: time_kernel(lambda i: call(), device=device, graphed=True).median_s, sets[0],
@@ -342,7 +342,7 @@ class KernelMeasurer:
         if key not in self._conversions:
             self._arena.reset()
             sets = timing_inputs(lambda: self._arena.take(tensor.dtype, tensor.shape, other_layout(to)),
-                                  2 * tensor.nbytes, self.device)
+                                 2 * tensor.nbytes, self.device)
             outputs = [stored_as(torch.empty_like(x), to) for x in sets]
             self._conversions[key] = time_kernel(lambda i: outputs[i].copy_(sets[i]), device=self.device,
                                                  rotate=len(sets), graphed=True).median_s

@@ -256,31 +256,31 @@ def rewritten_steps(graph: Graph, kernels: Sequence[Sequence[str]], device,
         return {}
     producer = {t: node for node in graph.nodes for t in node.outputs}
     kernel_of = {name: i for i, kernel in enumerate(kernels) for name in kernel}
+
+    def share_a_kernel(node: Node, source: Node) -> bool:
+        return node.name in kernel_of and kernel_of.get(source.name) == kernel_of[node.name]
+
     steps = {}
     for node in graph.nodes:
         source = producer.get(node.inputs[0]) if node.op is Op.TANH else None
-        if source is not None and source.op is Op.SOFTPLUS and node.name in kernel_of and \
-                kernel_of.get(source.name) == kernel_of[node.name] and \
+        if source is not None and source.op is Op.SOFTPLUS and share_a_kernel(node, source) and \
                 graph.tensors[source.inputs[0]].dtype == "float32":
             steps[node.name] = (_tanh_of_softplus, source.inputs, node.outputs)
-    for node in graph.nodes:
-        product = _biased_product(graph, node, producer)
-        if product is not None and product.name not in replaced and node.name in kernel_of and \
-                kernel_of.get(product.name) == kernel_of[node.name]:
-            bias = next(t for t in node.inputs if t != product.outputs[0])
-            steps[node.name] = (_linear, [product.inputs[0], product.inputs[1], bias], node.outputs)
+        product, bias = _biased_product(graph, node, producer)
+        if product is not None and product.name not in replaced and share_a_kernel(node, product):
+            steps[node.name] = (_linear, [*product.inputs, bias], node.outputs)
     for chain in activation_chains(graph, kernel_of):
         if not any(name in replaced for name in chain.nodes):
             steps[chain.nodes[-1]] = (_torch_activation(chain.activation), [chain.source], [chain.output])
     return steps
 
 
-def _biased_product(graph: Graph, node: Node, producer: Mapping[str, Node]) -> Node | None:
-    """The product where ``node`` adds a bias (a constant over the last axis) to a float32 activation times a
-    constant 2-D weight, else None: as one ``F.linear`` it is the product Inductor's freezing packs for oneDNN
-    with its bias, and then with the activation after it."""
+def _biased_product(graph: Graph, node: Node, producer: Mapping[str, Node]) -> tuple[Node | None, str]:
+    """(the product, the bias) where ``node`` adds a bias (a constant over the last axis) to a float32 activation
+    times a constant 2-D weight, else (None, ""): as one ``F.linear`` it is the product Inductor's freezing packs
+    for oneDNN with its bias, and then with the activation after it."""
     if node.op is not Op.ADD or len(node.inputs) != 2 or graph.tensors[node.outputs[0]].dtype != "float32":
-        return None
+        return None, ""
     for position in (0, 1):
         product, bias = producer.get(node.inputs[position]), graph.constants.get(node.inputs[1 - position])
         if product is None or product.op is not Op.MATMUL or bias is None:
@@ -290,8 +290,8 @@ def _biased_product(graph: Graph, node: Node, producer: Mapping[str, Node]) -> N
             continue
         if bias.dtype == np.float32 and bias.size == weight.shape[1] and bias.shape[-1:] == weight.shape[1:] and \
                 graph.tensors[node.outputs[0]].shape == graph.tensors[product.outputs[0]].shape:
-            return product
-    return None
+            return product, node.inputs[1 - position]
+    return None, ""
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> list[torch.Tensor]:

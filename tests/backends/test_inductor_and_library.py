@@ -159,3 +159,16 @@ def test_a_cpu_kernel_reads_a_view_with_other_strides_than_it_was_compiled_for()
     assert not view.is_contiguous()
     (y,) = built(view)
     torch.testing.assert_close(y, torch.relu(torch.exp(view)))
+
+
+def test_a_cpu_kernel_is_compiled_as_the_unit_compiles_it_weights_packed_activation_as_post_op():
+    """Measured alone, a convolution with its bias and HardSwish runs as one packed oneDNN call with the
+    activation as its post-op, as inside a compiled unit (unfrozen, it was an ATen convolution and a loop)."""
+    from tests.runtime.test_unit import _activations_model
+
+    _, graph, _ = load_model(_activations_model())
+    built = InductorBackend().build(graph, "cpu")
+    assert "mkldnn._convolution_pointwise" in built.source
+    assert "hardswish" in built.source
+    assert "aten.convolution" not in built.source
+    check_built(built, graph)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from korch import config, precision
-from korch.backends import ort_gemm
+from korch.backends import freezing, ort_gemm
 from korch.errors import KorchError
 from korch.pipeline import optimize
 from korch.runtime import unit
@@ -254,7 +254,7 @@ def test_a_units_weights_are_packed_as_its_variant_says_whatever_the_process_com
     assert [packed(name) for name in order] == [False, True, False, True]
     from torch._inductor.fx_passes import freezing_patterns
 
-    with unit.weight_packing(False):
+    with freezing.weight_packing(False):
         pass
     entries = [e for p in freezing_patterns.pass_patterns for v in p.patterns.values() for e in v]
     assert any(not hasattr(e, "handler") for e in entries)  # Inductor's other patterns survive a compile

@@ -11,7 +11,10 @@ recompilation limits. Inductor may split a candidate into several kernels;
 On a GPU the compiled function takes the output buffers as extra arguments and
 writes them (``out.copy_(result)``, which Inductor fuses into the kernel that
 computes the result), so an executable's planned buffers are written in place.
-On a CPU it returns its outputs, each in its planned layout: there the
+On a CPU it is compiled as the compiled unit compiles it (``freezing.py``: its
+constants frozen, its weights packed for oneDNN, an activation or a bias after a
+convolution or product as the library's post-op), and returns its outputs,
+each in its planned layout: there the
 executable is one compiled unit, where a kernel's output is whatever buffer
 computes it, and a copy into a buffer passed in cannot fuse into a library
 call (a convolution), so every kernel ending in one would be timed with a pass
@@ -29,6 +32,7 @@ import torch
 
 from korch.backends.base import BuildError, stored_as
 from korch.backends.check import random_inputs
+from korch.backends.freezing import as_buffers, frozen_compile
 from korch.backends.torch_ops import kernel_function
 from korch.backends.vector_exp import fast_vector_exp
 from korch.errors import one_line
@@ -36,9 +40,9 @@ from korch.ir import dtypes
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
 
-VERSION = "6"  # 3: CPU kernels return their outputs; 4: their float32 exp is ATen's exp_u20 (vector_exp.py);
+VERSION = "7"  # 3: CPU kernels return their outputs; 4: their float32 exp is ATen's exp_u20 (vector_exp.py);
 # 5: CPU kernels timed on warm inputs (timing.timing_inputs); 6: activations and biased products as torch's ops
-# (torch_ops.rewritten_steps)
+# (torch_ops.rewritten_steps); 7: CPU kernels compiled frozen, weights packed for oneDNN (freezing.py)
 _KERNEL_DEFINITIONS = re.compile(r"async_compile\.(cpp_pybinding|cpp|triton)\(")
 _LIBRARY_CALLS = re.compile(r"\b(extern_kernels\.\w+|torch\.ops\.\w+\.\w+(?:\.\w+)?)\(")
 
@@ -110,8 +114,12 @@ class InductorKernel:
             traced = _writing_outputs(function, len(kernel.inputs)) if self.in_place else \
                 _returning_outputs(function, [t.layout for t in self._outputs])
             graph_module = make_fx(traced)(*examples)
+            # on a CPU, compiled as the unit compiles it (freezing.py): its constants frozen, its weights packed
+            frozen = contextlib.nullcontext() if self.in_place else frozen_compile()
+            if not self.in_place:
+                as_buffers(graph_module)
             # compiled, not run: a build worker compiles its kernels' C++ together before any runs (cpp_batch.py)
-            with _cacheable(examples) as fakes, fast_vector_exp():
+            with _cacheable(examples) as fakes, fast_vector_exp(), frozen:
                 self.fn, codes = run_and_get_code(compile_fx, graph_module, fakes)
         except Exception as exc:  # Inductor's failures are many and varied; the kernel is dropped, not the run
             raise BuildError(f"{self.backend}: {one_line(exc)}") from exc

@@ -7,8 +7,7 @@ stored at a boundary is laid out channels-last where Inductor's layout optimisat
 that chose its layouts (``orchestrate/layouts.py``), in the layout of the kernel that writes it. The kernels
 are told apart by the annotations ``PlanModule`` puts on every operation it traces (``TAG``, ``LAYOUT``).
 
-``weight_packing`` makes a compile's ``cpp.weight_prepack`` mean what it says whatever the process compiled
-before (Inductor decides it once per process otherwise).
+How a compile freezes and packs weights is ``backends/freezing.py``'s (kernels measured alone compile so too).
 """
 
 from __future__ import annotations
@@ -113,47 +112,6 @@ def kernel_boundaries(channels_last: bool = True, planned: bool = False) -> Iter
     finally:
         GraphLowering.run_node, Scheduler._can_fuse_impl = run_node, can_fuse
         GraphLowering.find_nodes_prefer_channels_last = find_preferred
-
-
-@contextlib.contextmanager
-def weight_packing(prepack: bool) -> Iterator[None]:
-    """While active, a frozen compile packs its weights for oneDNN if and only if ``prepack``.
-
-    Inductor registers its weight-packing patterns on the first frozen compile of a process, and only if
-    ``cpp.weight_prepack`` is set then; every later compile applies what was registered, whatever its own
-    setting. So a process's first unit decided for all: ``choose_unit`` compiled "packed for oneDNN" first, and
-    its "as given to ATen" units packed their convolutions too (YOLOX-Nano's, compiled alone in a fresh process,
-    runs 12.7 ms with ATen's convolutions against 11.1 ms packed, so the label was wrong). Here the patterns
-    are registered always, and left out of a compile that does not pack."""
-    from torch._guards import tracing
-    from torch._inductor.fx_passes import freezing_patterns, mkldnn_fusion
-    from torch._inductor.pattern_matcher import PatternMatcherPass
-    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-
-    with torch._inductor.config.patch({"cpp.weight_prepack": True}):
-        freezing_patterns.lazy_init()  # once per process: all of Inductor's patterns, before any are left out
-    register = getattr(mkldnn_fusion, "_mkldnn_weight_pack_init", None)  # absent without oneDNN
-    if register is not None:  # lazy_init ran before, not packing
-        with tracing(None), unset_fake_temporarily(), FakeTensorMode():  # as Inductor's lazy_init calls it
-            register()
-    passes = freezing_patterns.pass_patterns
-    kept = list(passes)
-    if not prepack:  # the packing patterns are mkldnn_fusion's (convolutions in pass 0, products in 1 and 2)
-        passes[:] = [_without_handlers_of(p, mkldnn_fusion.__name__, PatternMatcherPass) for p in passes]
-    try:
-        yield
-    finally:
-        passes[:] = kept
-
-
-def _without_handlers_of(patterns, module: str, new_pass):
-    """A copy of the pattern pass ``patterns`` less the patterns whose handlers ``module`` defines."""
-    kept = new_pass(pass_name=patterns.pass_name, subsystem=patterns.subsystem)
-    for key, entries in patterns.patterns.items():
-        entries = [e for e in entries if getattr(getattr(e, "handler", None), "__module__", None) != module]
-        if entries:
-            kept.patterns[key] = entries
-    return kept
 
 
 def _preferred_within_kernels(graph: torch.fx.Graph):

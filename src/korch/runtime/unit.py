@@ -64,7 +64,8 @@ from korch.ir.interpret import as_torch
 from korch.ir.ops import Op
 from korch.ir.sizes import SizeFunctions
 from korch.orchestrate.plan import Plan
-from korch.runtime.boundaries import LAYOUT, TAG, kernel_boundaries, weight_packing
+from korch.backends.freezing import frozen_compile
+from korch.runtime.boundaries import LAYOUT, TAG, kernel_boundaries
 
 UNIT_FILE = "model.pt2"
 PLANNED = "as planned"    # a unit's boundaries when the plan chose each value's layout
@@ -233,9 +234,8 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
         # ATen's GEMMs: 20-21 ms mapped; 21-25 ms copied; 29.5 ms when malloc maps every large block itself)
         with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, \
                 kernel_boundaries(variant.channels_last_boundaries, variant.planned_layouts), \
-                weight_packing(variant.prepack), fast_vector_exp(), torch.no_grad(), \
-                torch._inductor.config.patch({"freezing": True, "cpp.weight_prepack": variant.prepack,
-                                              "aot_inductor.force_mmap_weights": True}):
+                frozen_compile(variant.prepack), fast_vector_exp(), \
+                torch._inductor.config.patch({"aot_inductor.force_mmap_weights": True}):
             path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))
             return Path(path).read_bytes()
 

@@ -151,6 +151,23 @@ def test_a_time_limit_ends_the_measuring_with_the_cheapest_measured_plan_and_an_
     assert plan.optimal == (plan.gap == 0)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_time_limit_ends_with_the_optimum_over_every_measured_kernel_not_only_the_rounds_plans(seed, monkeypatch):
+    """The kernels measured by the rounds, and those known before, may make a cheaper plan than any round chose."""
+    from korch.orchestrate import lazy
+
+    p, bounds = setup(seed)
+    oracle = Oracle(bounds, seed)
+    known = {c: oracle.latency[c] for c in range(0, len(bounds), 3)}  # a database's answers
+    clock = StepClock(oracle)
+    monkeypatch.setattr(lazy, "time", clock)
+    result = solve_lazily(p, bounds, clock, measured=known, time_limit=1.5)
+    measured = {**known, **result.measured}
+    over_measured = solve(dataclasses.replace(p, costs=[measured.get(c, math.inf) for c in range(len(bounds))]))
+    assert result.solution.objective == pytest.approx(over_measured.objective, rel=1e-9)
+    assert set(result.solution.order) <= set(measured) and executes(p, result.solution.order)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_branch_and_cut_stops_at_a_cheaper_plan_of_unmeasured_kernels_and_the_next_solve_proves(seed):
     """A proving round given stand-in columns stops at the first cheaper executable plan selecting one (it

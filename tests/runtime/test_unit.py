@@ -214,7 +214,9 @@ def test_the_unit_is_the_fastest_of_its_weight_variants(monkeypatch):
     result = optimize(model, target="cpu", cost="roofline")
     data, choice = unit.choose_unit(result.graph, result.plan)
     measured = choice["measured_ms"]
-    assert set(measured) == set(unit.VARIANTS) and all(ms > 0 for ms in measured.values())
+    # a roofline plan measured nothing with MLAS: "MLAS where planned" would be "packed for oneDNN" again
+    applies = {name for name, variant in unit.VARIANTS.items() if not variant.ort_as_planned}
+    assert set(measured) == applies and all(ms > 0 for ms in measured.values())
     assert measured[choice["weights"]] == min(measured.values())
     expected = [ort_gemm.LIBRARY_FILE] if choice["weights"] == "MLAS by ONNX Runtime" else []
     assert choice.get("libraries", []) == expected
@@ -233,7 +235,7 @@ def test_the_unit_is_the_fastest_of_its_weight_variants(monkeypatch):
     _, choice = unit.choose_unit(result.graph, result.plan)
     assert choice["weights"] == "as given to ATen" and choice["measured_ms"] == {}
     assert choice["failed"] == {name: "RuntimeError: no oneDNN here"
-                                for name, variant in unit.VARIANTS.items() if variant.prepack}
+                                for name, variant in unit.VARIANTS.items() if variant.prepack and name in applies}
 
 
 def _wrapper_code(package: bytes) -> str:
@@ -322,6 +324,38 @@ def test_gemms_by_onnx_runtime_compute_each_units_own_product():
     for (model, _), loaded in zip(models, units):
         np.testing.assert_allclose(loaded(x)[0].numpy(), run_model(model, {"x": x.numpy()})["y"],
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_mlas_where_planned_runs_in_onnx_runtime_only_the_kernels_the_plan_measured_so():
+    """A plan that measured one product with MLAS and another with Inductor: the unit variant that runs each
+    kernel as its plan priced it replaces only the first, and computes both as ONNX Runtime does."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m"]), helper.make_node("Relu", ["m"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, (32, 16))
+    graph = helper.make_graph(nodes, "two_products", [x_info],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (32, 8))],
+                              [onnx.numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+                               for n, s in (("w1", (16, 24)), ("w2", (24, 8)))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    result = optimize(model, target="cpu", cost="roofline")
+    products = [n.name for n in result.graph.nodes if n.op.value == "MatMul"]
+    first = next(k for k in result.plan.kernels if products[0] in k.nodes)
+    assert products[1] not in first.nodes
+    kernels = tuple(dataclasses.replace(k, backend="mlas" if k is first else "inductor") for k in result.plan.kernels)
+    plan = dataclasses.replace(result.plan, kernels=kernels)
+    assert unit.mlas_kernels(plan) == frozenset(first.nodes)
+    module = unit.PlanModule(result.graph, plan, ort_kernels=True, ort_as_planned=True)
+    assert {name for name, step in module._replaced.items() if step} == {products[0]}
+    everywhere = unit.PlanModule(result.graph, plan, ort_kernels=True)
+    assert {name for name, step in everywhere._replaced.items() if step} == set(products)
+    package = unit.compile_unit(result.graph, plan, "cpu", unit.VARIANTS["MLAS where planned"])
+    loaded = unit.CompiledUnit.from_bytes(package)
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    np.testing.assert_allclose(loaded(torch.from_numpy(x))[0].numpy(), run_model(model, {"x": x})["y"],
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("channels_last", [True, False])

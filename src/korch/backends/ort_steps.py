@@ -10,7 +10,7 @@ parts, all but the first of sibling products).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -21,15 +21,18 @@ Step = tuple[Callable, tuple[str, ...], tuple[str, ...]]
 
 
 def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
-                 add_constant: Callable[[str, np.ndarray], str]) -> dict[str, Step | None]:
+                 add_constant: Callable[[str, np.ndarray], str],
+                 within: Collection[str] | None = None) -> dict[str, Step | None]:
     """The MLAS steps of ``graph`` whose planned ``kernels`` (their primitives' names, in order) are given:
     products by constant weights (sibling ones as one), products of two activations, 1-D convolutions, and
-    softmaxes within one kernel. ``token`` keys the operators' sessions; ``add_constant(name, value)`` adds a
-    constant the steps read (a weight laid out for MLAS) and returns its name."""
+    softmaxes within one kernel; with ``within``, only those of these primitives. ``token`` keys the
+    operators' sessions; ``add_constant(name, value)`` adds a constant the steps read (a weight laid out for
+    MLAS) and returns its name."""
     nodes = {node.name: node for node in graph.nodes}
+    allowed = (lambda name: True) if within is None else within.__contains__
     replaced: dict[str, Step | None] = {}
     slots = itertools.count()
-    for node in graph.nodes:
+    for node in (n for n in graph.nodes if allowed(n.name)):
         if ort_gemm.batched_eligible(graph, node):
             replaced[node.name] = (ort_gemm.batched_function(token, next(slots)), node.inputs, node.outputs)
         elif ort_gemm.conv1d_eligible(graph, node):
@@ -39,11 +42,12 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
                                    (node.inputs[0], columns), node.outputs)
     kernel_of = {name: i for i, kernel in enumerate(kernels) for name in kernel}
     for softmax in ort_gemm.softmaxes(graph, graph.nodes):
-        if len({kernel_of[name] for name in softmax.parts}) == 1:  # its parts in one planned kernel
+        # its parts in one planned kernel
+        if len({kernel_of[name] for name in softmax.parts}) == 1 and all(map(allowed, softmax.parts)):
             replaced.update(dict.fromkeys(softmax.parts))
             last = next(n for n in softmax.parts if nodes[n].output == softmax.output)
             replaced[last] = (ort_gemm.softmax_function(token, next(slots)), (softmax.input,), (softmax.output,))
-    products = _sibling_products(graph, kernels)
+    products = _sibling_products(graph, kernels, allowed)
     # what ONNX Runtime reads, and the graph's outputs, are one contiguous array each: such products are not
     # left in column blocks
     contiguous = {name for step in replaced.values() if step for name in step[1]}
@@ -53,12 +57,14 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
     return replaced
 
 
-def _sibling_products(graph: Graph, kernels: Sequence[Sequence[str]]) -> list[list[Node]]:
-    """The products by a constant weight ONNX Runtime can run, grouped by the activation they multiply
-    (attention's query, key and value projections), each group in plan order."""
+def _sibling_products(graph: Graph, kernels: Sequence[Sequence[str]], allowed: Callable[[str], bool]) \
+        -> list[list[Node]]:
+    """The products by a constant weight ONNX Runtime can run (of the ``allowed`` primitives), grouped by the
+    activation they multiply (attention's query, key and value projections), each group in plan order."""
     order = {name: i for i, name in enumerate(n for kernel in kernels for n in kernel)}
     groups: dict[str, list[Node]] = {}
-    for node in sorted((n for n in graph.nodes if ort_gemm.eligible(graph, n)), key=lambda n: order[n.name]):
+    for node in sorted((n for n in graph.nodes if allowed(n.name) and ort_gemm.eligible(graph, n)),
+                       key=lambda n: order[n.name]):
         groups.setdefault(node.inputs[0], []).append(node)
     return list(groups.values())
 

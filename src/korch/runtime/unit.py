@@ -56,6 +56,7 @@ import torch
 
 from korch import heap
 from korch.backends import ort_gemm, ort_steps
+from korch.backends.mlas import MlasBackend
 from korch.backends.torch_ops import is_pointwise_conv, node_function, rewritten_steps, runs_in_torch
 from korch.backends.vector_exp import fast_vector_exp
 from korch.errors import KorchError, one_line
@@ -74,12 +75,15 @@ PLANNED = "as planned"    # a unit's boundaries when the plan chose each value's
 class Variant:
     """How a unit's frozen weights reach the vendor libraries: ``prepack``, packed at compile time in
     oneDNN's layouts (else ATen's calls take them as they are); ``ort_kernels``, products and softmaxes run
-    in ONNX Runtime's MLAS (``backends/ort_gemm.py``); ``channels_last_boundaries``, values a convolution
+    in ONNX Runtime's MLAS (``backends/ort_gemm.py``), with ``ort_as_planned`` only in the kernels the plan
+    measured so (the MLAS backend's; elsewhere as Inductor's kernels were measured, packed for oneDNN: the
+    unit that runs each kernel the way its plan priced it); ``channels_last_boundaries``, values a convolution
     reads are stored channels-last between kernels (``kernel_boundaries``); ``pointwise_products``, 1x1
     convolutions are products over the channels (``torch_ops._pointwise_conv``), else the library's."""
 
     prepack: bool
     ort_kernels: bool = False
+    ort_as_planned: bool = False
     channels_last_boundaries: bool = True  # see kernel_boundaries
     planned_layouts: bool = False  # each kernel's values stored in the plan's layout instead (kernel_boundaries)
     pointwise_products: bool = True  # see torch_ops._pointwise_conv
@@ -87,7 +91,8 @@ class Variant:
 
 # the variants choose_unit compiles and times
 VARIANTS = {"packed for oneDNN": Variant(prepack=True), "as given to ATen": Variant(prepack=False),
-            "MLAS by ONNX Runtime": Variant(prepack=True, ort_kernels=True)}
+            "MLAS by ONNX Runtime": Variant(prepack=True, ort_kernels=True),
+            "MLAS where planned": Variant(prepack=True, ort_kernels=True, ort_as_planned=True)}
 CHOICE_ROUNDS = 3
 # the ONNX Runtime variant's name until its softmaxes and products of activations (2026-11-24)
 _EARLIER_ORT_VARIANT = "GEMMs by ONNX Runtime"
@@ -103,6 +108,11 @@ def supports(graph: Graph, device: str) -> str | None:
     return None
 
 
+def mlas_kernels(plan: Plan) -> frozenset[str]:
+    """The primitives of the kernels ``plan`` measured with ONNX Runtime's MLAS (``backends/mlas.py``)."""
+    return frozenset(n for k in plan.kernels if k.backend == MlasBackend.name for n in k.nodes)
+
+
 class PlanModule(torch.nn.Module):
     """The plan as one torch module: graph inputs in, graph outputs out, each kernel's operations tagged.
 
@@ -110,7 +120,8 @@ class PlanModule(torch.nn.Module):
     dimension dynamic, one unit serves a range of sizes (``graph`` is at the range's largest)."""
 
     def __init__(self, graph: Graph, plan: Plan, device: str = "cpu", ort_kernels: bool = False,
-                 sizes: SizeFunctions | None = None, channels_last: bool = False, pointwise_products: bool = True):
+                 sizes: SizeFunctions | None = None, channels_last: bool = False, pointwise_products: bool = True,
+                 ort_as_planned: bool = False):
         super().__init__()
         self._constant_attr = {}
         for i, (name, value) in enumerate(graph.constants.items()):
@@ -121,7 +132,7 @@ class PlanModule(torch.nn.Module):
         self._lowering = {"channels_last": channels_last, "pointwise_products": pointwise_products}  # node_function's
         self.token, self._replaced = None, {}
         if ort_kernels:
-            self._replace_by_ort_kernels(graph)
+            self._replace_by_ort_kernels(graph, mlas_kernels(plan) if ort_as_planned else None)
         # found once, on the graph at its full size, outside any tracing: the activations' probes run torch ops
         # (a dynamic unit builds its steps again at each size while torch.export traces) and no rewrite depends
         # on a size
@@ -129,12 +140,13 @@ class PlanModule(torch.nn.Module):
         self._kernels = None if sizes else self._steps(graph)
         self._inputs, self._outputs = list(graph.inputs), list(graph.outputs)
 
-    def _replace_by_ort_kernels(self, graph: Graph) -> None:
-        """Route products and softmaxes to ONNX Runtime's kernels (``backends/ort_steps.py``)."""
+    def _replace_by_ort_kernels(self, graph: Graph, within: frozenset[str] | None) -> None:
+        """Route products and softmaxes to ONNX Runtime's kernels (``backends/ort_steps.py``), those of the
+        primitives ``within`` if given."""
         # a key the unit's calls carry, so that sessions of two units loaded in one process never mix
         self.token = random.getrandbits(62)
         self._replaced = ort_steps.replacements(graph, [k.nodes for k in self._plan.kernels], self.token,
-                                                self._add_constant)
+                                                self._add_constant, within)
         if self._replaced:
             ort_gemm.open_library()
         else:
@@ -221,7 +233,7 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
         raise KorchError(f"no compiled unit: {reason}")
     dynamic = size_range.dynamic_shapes(graph) if size_range else None
     module = PlanModule(graph, plan, device, variant.ort_kernels, size_range.sizes if dynamic else None,
-                        variant.channels_last_boundaries, variant.pointwise_products).eval()
+                        variant.channels_last_boundaries, variant.pointwise_products, variant.ort_as_planned).eval()
     inputs = example_inputs(graph, device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside export and AOTInductor
@@ -274,7 +286,9 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
 
     planned = plan.stats.get("layouts") == "chosen"  # orchestrate/layouts.py
     for name, variant in VARIANTS.items():
-        if not variant.ort_kernels or ort_gemm.any_eligible(graph):  # else nothing for ONNX Runtime to run
+        # else nothing for ONNX Runtime to run, or (where planned) nothing the plan measured with it
+        if not variant.ort_kernels or ort_gemm.any_eligible(graph) and (
+                not variant.ort_as_planned or mlas_kernels(plan)):
             add(name, dataclasses.replace(variant, channels_last_boundaries=boundaries != "nchw",
                                           planned_layouts=planned))
     if not built:

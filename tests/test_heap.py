@@ -43,3 +43,32 @@ def test_a_freed_large_value_is_reused_without_faulting_its_pages_again():
 def test_the_heap_is_left_alone_when_configured_so():
     result = _run("keep", KORCH_KEEP_FREED_MEMORY="0")
     assert not result["kept"]
+
+
+_RELEASE = """
+import json
+import torch
+from korch import heap
+
+def resident_bytes():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+heap.keep_freed_memory()
+values = [torch.ones(64 << 20) for _ in range(4)]  # 1 GiB
+held = resident_bytes()
+del values
+freed = resident_bytes()
+released = heap.release_freed_memory()
+print(json.dumps({"held": held, "freed": freed, "after": resident_bytes(), "released": released}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_a_heap_that_keeps_what_it_frees_gives_it_back_when_asked():
+    """A build worker's heap keeps its largest batch's memory; released, the process no longer holds it."""
+    out = subprocess.run([sys.executable, "-c", _RELEASE], capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    gib = 1 << 30
+    assert result["released"]
+    assert result["freed"] > result["held"] - gib // 8  # kept by the heap after the values are freed
+    assert result["after"] < result["freed"] - gib * 3 // 4

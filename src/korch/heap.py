@@ -54,3 +54,16 @@ def keep_freed_memory() -> bool:
     # mallopt returns 1 on success
     _kept = _mallopt()(_M_MMAP_MAX, 0) == 1 and _mallopt()(_M_TRIM_THRESHOLD, _INT_MAX) == 1
     return _kept
+
+
+def release_freed_memory() -> bool:
+    """Give the system back what this process's heap holds free (glibc's ``malloc_trim``); whether it could.
+    A build worker calls it when it drops the kernels it timed: on a heap that keeps what it frees, a worker
+    would otherwise hold its largest batch's memory to the end of the search (EfficientViT's, 9-10 GB each
+    on a 24 GB host, while the main process compiled the unit)."""
+    if _mallopt() is None:
+        return False
+    trim = ctypes.CDLL(None).malloc_trim
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True

@@ -41,6 +41,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import gc
 import math
 import multiprocessing
 import os
@@ -164,6 +165,8 @@ def _time_held(batch: int, device: str) -> dict[int, "_Checked"]:
             _time_checked(checked, kernel, _ARENA, device, _DEVICE_LOCK)
             checked.built, timed[index] = None, checked
     _HELD.clear()
+    gc.collect()  # the kernels just dropped, and whatever cycles hold their buffers
+    heap.release_freed_memory()
     return timed
 
 

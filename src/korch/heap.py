@@ -61,9 +61,18 @@ def release_freed_memory() -> bool:
     A build worker calls it when it drops the kernels it timed: on a heap that keeps what it frees, a worker
     would otherwise hold its largest batch's memory to the end of the search (EfficientViT's, 9-10 GB each
     on a 24 GB host, while the main process compiled the unit)."""
-    if _mallopt() is None:
+    trim = _malloc_trim()
+    if trim is None:
         return False
-    trim = ctypes.CDLL(None).malloc_trim
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
     return True
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None under another C library."""
+    if _mallopt() is None:
+        return None
+    trim = ctypes.CDLL(None).malloc_trim
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim

@@ -31,12 +31,12 @@ def frozen_compile(prepack: bool = True) -> Iterator[None]:
 
 def as_buffers(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``graph_module`` with every tensor it reads through ``get_attr`` registered as a buffer, in place."""
-    for node in graph_module.graph.nodes:
-        if node.op == "get_attr" and node.target not in dict(graph_module.named_buffers()):
-            value = getattr(graph_module, node.target)
-            if isinstance(value, torch.Tensor):
-                delattr(graph_module, node.target)
-                graph_module.register_buffer(node.target, value)
+    targets = {node.target for node in graph_module.graph.nodes if node.op == "get_attr"}
+    for target in targets - set(graph_module._buffers):
+        value = getattr(graph_module, target)
+        if isinstance(value, torch.Tensor):
+            delattr(graph_module, target)
+            graph_module.register_buffer(target, value)
     return graph_module
 
 
@@ -79,5 +79,3 @@ def _without_handlers_of(patterns, module: str, new_pass):
         if entries:
             kept.patterns[key] = entries
     return kept
-
-

@@ -118,8 +118,9 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
             if solution.optimal:
                 return LazyResult(_cheaper(solution, cheapest, lower), fresh, rounds, solve_s, proofs, len(left_out))
             if time.perf_counter() >= deadline:
-                best = _best_measured(solver, known, len(bounds), _cheaper(solution, cheapest, lower), lower)
-                return LazyResult(best, fresh, rounds, solve_s, proofs, len(left_out))
+                plan = _cheaper(solution, cheapest, lower)
+                best, seconds = _best_measured(solver, known, len(bounds), plan, lower)
+                return LazyResult(best, fresh, rounds, solve_s + seconds, proofs, len(left_out))
             # all measured, unproven: the relaxation's unmeasured columns hold its bound down at their floors;
             # measured, they raise it toward the plan, which branch and cut then proves sooner
             todo = [] if quick else [c for c in solver.relaxed if c not in known]
@@ -141,23 +142,23 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         if math.isfinite(measured_plan.objective):
             cheapest = _cheaper(measured_plan, cheapest, lower)
         if cheapest is not None and time.perf_counter() >= deadline:
-            best = _best_measured(solver, known, len(bounds), _cheaper(cheapest, None, lower), lower)
-            return LazyResult(best, fresh, rounds, solve_s, proofs, len(left_out))
+            best, seconds = _best_measured(solver, known, len(bounds), _cheaper(cheapest, None, lower), lower)
+            return LazyResult(best, fresh, rounds, solve_s + seconds, proofs, len(left_out))
 
 
 def _best_measured(solver: Solver, known: Mapping[int, float], n: int, cheapest: Solution, lower: float) \
-        -> Solution:
-    """The cheaper of ``cheapest`` and the optimum over the measured candidates alone, solved for at most
+        -> tuple[Solution, float]:
+    """(the cheaper of ``cheapest`` and the optimum over the measured candidates alone, seconds solving): at most
     ``MEASURED_ONLY_S``: a search its time limit ends has measured far more kernels than its rounds' plans
     used (EfficientViT's, stopped after 45 minutes: its rounds' best plan summed 1468 ms, its roofline plan's
     kernels, all measured, 1351 ms)."""
     if cheapest.optimal:
-        return cheapest
+        return cheapest, 0.0
     try:
         solution = solver.solve([known.get(c, math.inf) for c in range(n)], time_limit=MEASURED_ONLY_S)
     except InfeasibleError:  # the measured kernels cover no plan
-        return cheapest
-    return _cheaper(_priced(solution, known), cheapest, lower)
+        return cheapest, 0.0
+    return _cheaper(_priced(solution, known), cheapest, lower), solution.seconds
 
 
 def _priced(solution: Solution, known: Mapping[int, float]) -> Solution:

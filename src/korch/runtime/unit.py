@@ -56,6 +56,7 @@ import torch
 
 from korch import heap
 from korch.backends import ort_gemm, ort_steps
+from korch.backends.freezing import frozen_compile
 from korch.backends.mlas import MlasBackend
 from korch.backends.torch_ops import is_pointwise_conv, node_function, rewritten_steps, runs_in_torch
 from korch.backends.vector_exp import fast_vector_exp
@@ -65,7 +66,6 @@ from korch.ir.interpret import as_torch
 from korch.ir.ops import Op
 from korch.ir.sizes import SizeFunctions
 from korch.orchestrate.plan import Plan
-from korch.backends.freezing import frozen_compile
 from korch.runtime.boundaries import LAYOUT, TAG, kernel_boundaries
 
 UNIT_FILE = "model.pt2"
@@ -286,9 +286,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
 
     planned = plan.stats.get("layouts") == "chosen"  # orchestrate/layouts.py
     for name, variant in VARIANTS.items():
-        # else nothing for ONNX Runtime to run, or (where planned) nothing the plan measured with it
-        if not variant.ort_kernels or ort_gemm.any_eligible(graph) and (
-                not variant.ort_as_planned or mlas_kernels(plan)):
+        if _compiles_a_unit_of_its_own(variant, graph, plan):
             add(name, dataclasses.replace(variant, channels_last_boundaries=boundaries != "nchw",
                                           planned_layouts=planned))
     if not built:
@@ -316,6 +314,28 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     if built[best].variant.ort_kernels:
         choice["libraries"] = [ort_gemm.LIBRARY_FILE]
     return built[best].data, choice
+
+
+def _compiles_a_unit_of_its_own(variant: Variant, graph: Graph, plan: Plan) -> bool:
+    """Whether ``variant`` gives ``plan`` a unit the other variants do not: an MLAS variant only where ONNX
+    Runtime has something to run, "MLAS where planned" only where the plan measured some, not all, of it with
+    MLAS (else it is "packed for oneDNN" or "MLAS by ONNX Runtime" again, and compiling it costs EfficientViT
+    minutes)."""
+    if not variant.ort_kernels:
+        return True
+    if not ort_gemm.any_eligible(graph):
+        return False
+    if not variant.ort_as_planned:
+        return True
+    within = mlas_kernels(plan)
+    return bool(within) and _ort_replaced(graph, plan, within) != _ort_replaced(graph, plan, None)
+
+
+def _ort_replaced(graph: Graph, plan: Plan, within: frozenset[str] | None) -> set[str]:
+    """The primitives a unit's MLAS steps compute or leave out (``ort_steps.replacements``), of those ``within``
+    if given."""
+    kernels = [k.nodes for k in plan.kernels]
+    return set(ort_steps.replacements(graph, kernels, 0, lambda name, value: name, within))
 
 
 class _Built(NamedTuple):

@@ -172,3 +172,43 @@ def test_a_cpu_kernel_is_compiled_as_the_unit_compiles_it_weights_packed_activat
     assert "hardswish" in built.source
     assert "aten.convolution" not in built.source
     check_built(built, graph)
+
+
+def _pointwise_conv_model():
+    """A 1x1 convolution with its bias and a ReLU, then a 3x3 one."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(11)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w3"], ["y"], pads=[1, 1, 1, 1])]
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("w1", (16, 8, 1, 1)), ("b1", (16,)), ("w3", (4, 16, 3, 3)))]
+    graph = helper.make_graph(nodes, "pointwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 8, 6, 6))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 4, 6, 6))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_a_kernels_1x1_convolution_is_measured_both_as_a_product_and_as_the_librarys_convolution():
+    """The Inductor backend computes a 1x1 convolution as a product (no oneDNN set-up); the library-convolution
+    backend builds the same kernel with oneDNN's packed convolution, its ReLU as post-op. Both match the
+    reference; only kernels with a 1x1 convolution are claimed, on CPUs only."""
+    from korch.backends.inductor import LibraryConvBackend
+    from korch.backends.registry import backends_for
+
+    _, graph, _ = load_model(_pointwise_conv_model())
+    last = graph.nodes[-1]
+    assert last.op.value == "Conv" and len(graph.nodes) >= 3
+    kernel = extract(graph, range(len(graph.nodes) - 1), graph.inputs, [last.inputs[0]])
+    products, library = InductorBackend().build(kernel, "cpu"), LibraryConvBackend().build(kernel, "cpu")
+    assert "bmm" in products.source and "_convolution_pointwise" not in products.source
+    assert "_convolution_pointwise" in library.source and "bmm" not in library.source
+    assert library.backend == LibraryConvBackend.name != products.backend
+    for built in (products, library):
+        check_built(built, kernel)
+    three_by_three = extract(graph, [len(graph.nodes) - 1], [last.inputs[0]], graph.outputs)
+    assert LibraryConvBackend().claims(three_by_three) is not None
+    assert LibraryConvBackend().claims(kernel) is None
+    assert not LibraryConvBackend().supports_device("cuda")
+    names = lambda target: [b.name for b in backends_for(target)]
+    assert LibraryConvBackend.name in names("cpu") and LibraryConvBackend.name not in names("h100")

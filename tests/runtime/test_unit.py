@@ -358,6 +358,36 @@ def test_mlas_where_planned_runs_in_onnx_runtime_only_the_kernels_the_plan_measu
                                rtol=1e-5, atol=1e-5)
 
 
+def test_a_units_1x1_convolutions_are_products_but_where_the_plan_measured_the_librarys():
+    """Two 1x1 convolutions in two kernels, the first measured with the library's convolution
+    (``LibraryConvBackend``): the unit computes that one as oneDNN's convolution, the other as a product, and
+    matches ONNX Runtime; the manifest's choice says "as planned"."""
+    rng = np.random.default_rng(8)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"])]
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("w1", (16, 8, 1, 1)), ("w2", (4, 16, 1, 1)))]
+    graph = helper.make_graph(nodes, "two_pointwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 8, 6, 6))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 4, 6, 6))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    result = optimize(model, target="cpu", cost="roofline")
+    convolutions = [n.name for n in result.graph.nodes if n.op.value == "Conv"]
+    first = next(k for k in result.plan.kernels if convolutions[0] in k.nodes)
+    assert convolutions[1] not in first.nodes
+    kernels = tuple(dataclasses.replace(k, backend="inductor-libconv" if k is first else "inductor")
+                    for k in result.plan.kernels)
+    plan = dataclasses.replace(result.plan, kernels=kernels)
+    assert unit.library_conv_kernels(plan) == frozenset(first.nodes)
+    x = torch.from_numpy(rng.standard_normal((1, 8, 6, 6)).astype(np.float32))
+    exported = torch.export.export(unit.PlanModule(result.graph, plan).eval(), (x,))
+    targets = [str(n.target) for n in exported.graph.nodes]
+    assert sum("conv" in t for t in targets) == 1 and sum("bmm" in t for t in targets) == 1, targets
+    data, choice = unit.choose_unit(result.graph, plan)
+    assert choice["pointwise convolutions"] in (unit.PLANNED, "library")
+    np.testing.assert_allclose(unit.CompiledUnit.from_bytes(data)(x)[0].numpy(),
+                               run_model(model, {"x": x.numpy()})["y"], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_a_value_a_convolution_reads_crosses_kernel_boundaries_channels_last(channels_last):
     """Two kernels' outputs concatenated for a convolution in a third: Inductor's layout optimization wants the

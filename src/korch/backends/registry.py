@@ -7,7 +7,8 @@ group; they also prune the enumeration) and then asks each backend's
 ``claims`` on the candidate's kernel graph.
 
 GPU targets use korch's Triton generator, Inductor (Triton) and the torch
-libraries; CPU targets use Inductor (C++), the torch libraries and MLAS
+libraries; CPU targets use Inductor (C++), Inductor with the library's 1x1
+convolutions (``inductor.LibraryConvBackend``), the torch libraries and MLAS
 (products and softmaxes through ONNX Runtime's kernels, ``mlas.py``). The Triton
 interpreter is a test vehicle, never a CPU backend.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from korch.backends.base import Backend
-from korch.backends.inductor import InductorBackend
+from korch.backends.inductor import InductorBackend, LibraryConvBackend
 from korch.backends.library import LibraryBackend
 from korch.backends.mlas import MlasBackend
 from korch.cost.devices import get_device
@@ -39,7 +40,7 @@ def backends_for(target: str) -> list[Backend]:
         backends.append(TritonBackend())
     backends += [InductorBackend(), LibraryBackend()]
     if device_for(target) == "cpu":
-        backends.append(MlasBackend())
+        backends += [LibraryConvBackend(), MlasBackend()]
     return backends
 
 

@@ -303,15 +303,17 @@ def _torch_activation(name: str) -> NodeFn:
     return lambda x: [fn(x)]
 
 
-def kernel_function(kernel: Graph, device, replaced: Mapping | None = None) -> Callable[..., list[torch.Tensor]]:
+def kernel_function(kernel: Graph, device, replaced: Mapping | None = None,
+                    pointwise_products: bool = True) -> Callable[..., list[torch.Tensor]]:
     """``f(*inputs) -> outputs`` computing ``kernel`` with torch on ``device`` (constants bound, on the device).
     ``replaced`` maps a primitive's name to the step computing it instead, (function, inputs, outputs), or to
     None where another step computes its outputs (``ort_steps.replacements``); ``rewritten_steps`` apply where
-    it does not say."""
+    it does not say. ``pointwise_products``: as ``node_function``'s."""
     constants = {name: interpret.as_torch(v).to(device) for name, v in kernel.constants.items()}
     replaced = {**rewritten_steps(kernel, [[node.name for node in kernel.nodes]], device, replaced or ()),
                 **(replaced or {})}
-    steps = [replaced.get(node.name) or (node_function(kernel, node, device), node.inputs, node.outputs)
+    steps = [replaced.get(node.name) or (node_function(kernel, node, device, pointwise_products=pointwise_products),
+                                         node.inputs, node.outputs)
              for node in kernel.nodes if node.name not in replaced or replaced[node.name]]
     inputs, outputs = list(kernel.inputs), list(kernel.outputs)
 

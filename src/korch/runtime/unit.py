@@ -57,6 +57,7 @@ import torch
 from korch import heap
 from korch.backends import ort_gemm, ort_steps
 from korch.backends.freezing import frozen_compile
+from korch.backends.inductor import LibraryConvBackend
 from korch.backends.mlas import MlasBackend
 from korch.backends.torch_ops import is_pointwise_conv, node_function, rewritten_steps, runs_in_torch
 from korch.backends.vector_exp import fast_vector_exp
@@ -69,7 +70,8 @@ from korch.orchestrate.plan import Plan
 from korch.runtime.boundaries import LAYOUT, TAG, kernel_boundaries
 
 UNIT_FILE = "model.pt2"
-PLANNED = "as planned"    # a unit's boundaries when the plan chose each value's layout
+# a unit's boundaries where the plan chose each value's layout; its 1x1 convolutions where it chose each kernel's form
+PLANNED = "as planned"
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
@@ -79,7 +81,8 @@ class Variant:
     measured so (the MLAS backend's; elsewhere as Inductor's kernels were measured, packed for oneDNN: the
     unit that runs each kernel the way its plan priced it); ``channels_last_boundaries``, values a convolution
     reads are stored channels-last between kernels (``kernel_boundaries``); ``pointwise_products``, 1x1
-    convolutions are products over the channels (``torch_ops._pointwise_conv``), else the library's."""
+    convolutions are products over the channels (``torch_ops._pointwise_conv``) but in the kernels the plan
+    measured with the library's (``library_conv_kernels``), else the library's everywhere."""
 
     prepack: bool
     ort_kernels: bool = False
@@ -110,7 +113,17 @@ def supports(graph: Graph, device: str) -> str | None:
 
 def mlas_kernels(plan: Plan) -> frozenset[str]:
     """The primitives of the kernels ``plan`` measured with ONNX Runtime's MLAS (``backends/mlas.py``)."""
-    return frozenset(n for k in plan.kernels if k.backend == MlasBackend.name for n in k.nodes)
+    return _kernels_of(plan, MlasBackend.name)
+
+
+def library_conv_kernels(plan: Plan) -> frozenset[str]:
+    """The primitives of the kernels ``plan`` measured with the library's 1x1 convolutions
+    (``inductor.LibraryConvBackend``)."""
+    return _kernels_of(plan, LibraryConvBackend.name)
+
+
+def _kernels_of(plan: Plan, backend: str) -> frozenset[str]:
+    return frozenset(n for k in plan.kernels if k.backend == backend for n in k.nodes)
 
 
 class PlanModule(torch.nn.Module):
@@ -129,7 +142,8 @@ class PlanModule(torch.nn.Module):
             self.register_buffer(attr, as_torch(value).to(device), persistent=True)
             self._constant_attr[name] = attr
         self._graph, self._plan, self._device, self._sizes = graph, plan, device, sizes
-        self._lowering = {"channels_last": channels_last, "pointwise_products": pointwise_products}  # node_function's
+        self._channels_last, self._pointwise_products = channels_last, pointwise_products  # node_function's
+        self._library_convs = library_conv_kernels(plan)  # their 1x1 convolutions the library's, as measured
         self.token, self._replaced = None, {}
         if ort_kernels:
             self._replace_by_ort_kernels(graph, mlas_kernels(plan) if ort_as_planned else None)
@@ -163,8 +177,9 @@ class PlanModule(torch.nn.Module):
         nodes = {node.name: node for node in graph.nodes}
 
         def step(name: str):
+            products = self._pointwise_products and name not in self._library_convs
             return self._replaced.get(name) or self._rewritten.get(name) or \
-                (node_function(graph, nodes[name], self._device, **self._lowering), nodes[name].inputs,
+                (node_function(graph, nodes[name], self._device, self._channels_last, products), nodes[name].inputs,
                  nodes[name].outputs)
 
         return [[step(n) for n in k.nodes if n not in self._replaced or self._replaced[n]]
@@ -260,7 +275,8 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     compiled with NCHW values between its kernels, and the two take turns again; ``config.unit_boundaries`` ("nchw",
     "channels-last") instead fixes that layout for every variant, and a plan that chose each value's layout
     (``plan.stats["layouts"] == "chosen"``) has every variant store them as planned. A graph with 1x1 convolutions last has the
-    fastest compiled with the library's convolutions instead of products, and the two take turns."""
+    fastest compiled with the library's convolutions for all of them instead of products (but where the plan
+    measured the library's), and the two take turns."""
     from korch import config
 
     boundaries = config.checked_unit_boundaries(config.unit_boundaries)
@@ -304,7 +320,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         if challenge(best, nchw, {"channels_last_boundaries": False}, "channels-last between kernels"):
             best, choice["boundaries"] = nchw, "NCHW"
     if any(is_pointwise_conv(graph, node) for node in graph.nodes):
-        choice["pointwise convolutions"] = "products"
+        choice["pointwise convolutions"] = PLANNED if library_conv_kernels(plan) else "products"
         by_library = f"{best}, pointwise convolutions by the library"
         if challenge(best, by_library, {"pointwise_products": False}, "pointwise convolutions as products"):
             best, choice["pointwise convolutions"] = by_library, "library"

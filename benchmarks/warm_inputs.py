@@ -1,10 +1,14 @@
-"""A measured plan's kernels timed as the search times them (inputs rotated past the cache) and with warm inputs
-(one input set, read again by every call), beside the plan's prediction and its executable's time.
+"""A measured plan's kernels timed as the search times them (inputs rotated past the cache), with warm inputs
+(one input set, read again by every call) and with cold weights (warm inputs, the cache flushed of all else before
+each call), beside the plan's prediction and its executable's time.
 
 The search rotates each kernel's inputs over enough sets to overflow the cache (``timing.rotation_sets``), so a
 small kernel is not flattered by inputs a previous call left in the cache. Inside an executable a kernel mostly
 reads what the kernel before it has just written, which is in the cache when the model's values fit there.
-Which of the two the executable's time follows is measured here, on the plan's own kernels:
+A kernel timed call after call also finds its weights in the cache, which inside an executable whose weights and
+values overflow the cache it does not: the third timing evicts everything (a pass over a buffer twice the
+last-level cache) and reads the inputs again before each call, timed alone. Which of these the executable's time
+follows is measured here, on the plan's own kernels:
 
     python benchmarks/warm_inputs.py OUTDIR [--out FILE.json]
 
@@ -39,6 +43,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--rounds", type=int, default=3, help="turns of rotated and warm timing per kernel")
+    parser.add_argument("--cold-calls", type=int, default=15, help="calls timed with cold weights per round")
+    parser.add_argument("--cache-mib", type=int, default=32, help="the last-level cache the flush overflows twice")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     graph = bundle.graph_from_bytes((args.outdir / "graph.json").read_bytes(),
@@ -47,6 +53,7 @@ def main(argv=None) -> int:
     backends = {b.name: b for b in backends_for("cpu")}
     calling = {name: calling_cost_s(b, "cpu") for name, b in backends.items()}
     arena = RandomArena("cpu")
+    flush = torch.zeros((2 * args.cache_mib) << 18)  # float32: twice the cache
     rows = []
     with torch.inference_mode():
         for k, kernel in zip(plan.kernels, kernel_graphs(graph, plan, layouts=True)):
@@ -55,15 +62,17 @@ def main(argv=None) -> int:
             nbytes = sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs))
             arena.reset()
             sets = rotation_sets(lambda i: arena.inputs(kernel), nbytes, device="cpu")
-            rotated, warm = [], []
+            rotated, warm, cold = [], [], []
             for _ in range(args.rounds):
                 rotated.append(time_kernel(lambda i: built(*sets[i]), device="cpu", rotate=len(sets)).median_s)
                 warm.append(time_kernel(lambda i: built(*sets[0]), device="cpu").median_s)
+                cold.append(_cold_weights_s(built, sets[0], flush, args.cold_calls))
             less = calling[backend]
             rows.append({"kernel": k.name, "ops": k.ops, "backend": backend, "sets": len(sets),
                          "planned_us": round(k.cost_s * 1e6, 2),
                          "rotated_us": round(max(min(rotated) - less, 0.0) * 1e6, 2),
-                         "warm_us": round(max(min(warm) - less, 0.0) * 1e6, 2)})
+                         "warm_us": round(max(min(warm) - less, 0.0) * 1e6, 2),
+                         "cold_weights_us": round(max(min(cold) - less, 0.0) * 1e6, 2)})
         executable = korch.load(args.outdir)
         feeds = seeded_inputs(executable.input_specs)
         inputs = [torch.from_numpy(feeds[n]) for n in executable.input_names]
@@ -73,11 +82,29 @@ def main(argv=None) -> int:
                "planned_sum_ms": round(sum(r["planned_us"] for r in rows) / 1e3 + conversions_ms, 3),
                "rotated_sum_ms": round(sum(r["rotated_us"] for r in rows) / 1e3 + conversions_ms, 3),
                "warm_sum_ms": round(sum(r["warm_us"] for r in rows) / 1e3 + conversions_ms, 3),
+               "cold_weights_sum_ms": round(sum(r["cold_weights_us"] for r in rows) / 1e3 + conversions_ms, 3),
                "conversions_ms": round(conversions_ms, 3), "executable_ms": round(unit_s * 1e3, 3)}
     print(json.dumps(summary))
     bench.write_record(bench.record("warm inputs", "benchmarks/warm_inputs.py", argv, summary=summary, rows=rows),
                        args.out)
     return 0
+
+
+def _cold_weights_s(built, inputs, flush, calls: int) -> float:
+    """The median of ``calls`` calls of ``built`` on ``inputs``, each after ``flush`` was written (evicting the
+    kernel's weights, and all else) and the inputs read again (warm, as the kernel before left them)."""
+    import statistics
+    import time
+
+    seconds = []
+    for _ in range(calls + 1):  # the first call after building is not timed
+        flush.add_(1.0)
+        for x in inputs:
+            x.sum()
+        start = time.perf_counter()
+        built(*inputs)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds[1:])
 
 
 if __name__ == "__main__":

@@ -58,9 +58,9 @@ def keep_freed_memory() -> bool:
 
 def release_freed_memory() -> bool:
     """Give the system back what this process's heap holds free (glibc's ``malloc_trim``); whether it could.
-    A build worker calls it when it drops the kernels it timed: on a heap that keeps what it frees, a worker
-    would otherwise hold its largest batch's memory to the end of the search (EfficientViT's, 9-10 GB each
-    on a 24 GB host, while the main process compiled the unit)."""
+    A build worker calls it after each kernel it builds or checks and when it drops the kernels it timed: on a
+    heap that keeps what it frees, a worker would otherwise hold its largest batch's memory to the end of the
+    search (EfficientViT's, 10-12 GB each on a 24 GB host: killed for memory)."""
     trim = _malloc_trim()
     if trim is None:
         return False

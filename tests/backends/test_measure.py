@@ -357,3 +357,21 @@ def test_kernels_timed_inside_a_cuda_graph_are_counted_and_reported_for_a_gpu(tm
     assert "replayed CUDA graph" not in render_markdown(result.plan)
     on_gpu = dataclasses.replace(result.plan, stats={**result.plan.stats, "measurement": {**m, "device": "h100:fp32"}})
     assert f"inside a replayed CUDA graph: {m['kernels_measured']} of {m['kernels_measured']}" in render_markdown(on_gpu)
+
+
+def test_a_build_worker_gives_its_heap_back_after_each_kernel_it_builds_and_checks(monkeypatch):
+    """A worker's heap keeps what it frees (for timing); building and checking a kernel allocates its values
+    several times over, so without a release after each, EfficientViT's workers grew past 10 GB and died."""
+    import torch
+
+    from korch import precision
+    from tests.backends import cases
+
+    released = []
+    monkeypatch.setattr(measure.heap, "keep_freed_memory", lambda: False)  # this process's heap stays as it is
+    monkeypatch.setattr(measure.heap, "release_freed_memory", lambda: released.append(1) or True)
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    jobs = [(cases.softmax(), "inductor"), (cases.layer_norm(), "inductor"), (cases.gelu_erf(), "inductor")]
+    checked = measure._worker("cpu", jobs, "cpu", precision.current().name, torch.get_num_threads())
+    assert [c.status for c in checked] == ["ok"] * len(jobs)
+    assert len(released) >= 2 * len(jobs)  # after each build and each check

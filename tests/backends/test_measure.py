@@ -369,7 +369,7 @@ def test_a_build_worker_gives_its_heap_back_after_each_kernel_it_builds_and_chec
 
     released = []
     monkeypatch.setattr(measure.heap, "keep_freed_memory", lambda: False)  # this process's heap stays as it is
-    monkeypatch.setattr(measure.heap, "release_freed_memory", lambda: released.append(1) or True)
+    monkeypatch.setattr(measure.heap, "release_freed_memory", lambda: released.append(1) or True)  # given_back calls it
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
     jobs = [(cases.softmax(), "inductor"), (cases.layer_norm(), "inductor"), (cases.gelu_erf(), "inductor")]
     checked = measure._worker("cpu", jobs, "cpu", precision.current().name, torch.get_num_threads())

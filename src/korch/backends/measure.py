@@ -195,9 +195,9 @@ def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy:
     backends = {b.name: b for b in backends_for(target)}
     with precision.use(policy):  # a spawned process starts from the defaults
         with cpp_batch.deferred_compiles() as batch:
-            builds = [_released(_build(backends[name], kernel, device)) for kernel, name in jobs]
+            builds = [heap.given_back(_build(backends[name], kernel, device)) for kernel, name in jobs]
         batch.compile()
-        checked = [failed or _released(_check_built(built, kernel, device))
+        checked = [failed or heap.given_back(_check_built(built, kernel, device))
                    for (built, failed), (kernel, _) in zip(builds, jobs)]
         if timed:
             arena = RandomArena(device)
@@ -210,16 +210,6 @@ def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy:
     for result in checked:
         result.built = None  # kernels do not cross processes (one not timed in a worker is rebuilt from the caches)
     return checked
-
-
-def _released(result):
-    """``result``, once this process's heap has given back what it holds free (``heap.release_freed_memory``).
-    A build worker's heap keeps what it frees (as the unit's does, for timing), and tracing, freezing and
-    checking a kernel allocate its values several times over: EfficientViT's workers grew to 10-12 GB each
-    over a batch and were killed for memory on a 24 GB host; 48 of its kernels built and checked in one
-    process peaked at 5.9 GB so, 0.85 GB given back after each."""
-    heap.release_freed_memory()
-    return result
 
 
 def _time_checked(checked: _Checked, kernel: Graph, arena: RandomArena, device: str, lock=None,

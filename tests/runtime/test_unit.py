@@ -384,6 +384,7 @@ def test_a_units_1x1_convolutions_are_products_but_where_the_plan_measured_the_l
     assert sum("conv" in t for t in targets) == 1 and sum("bmm" in t for t in targets) == 1, targets
     data, choice = unit.choose_unit(result.graph, plan)
     assert choice["pointwise convolutions"] in (unit.PLANNED, "library")
+    assert any(name.endswith("pointwise convolutions as planned") for name in choice["measured_ms"])
     np.testing.assert_allclose(unit.CompiledUnit.from_bytes(data)(x)[0].numpy(),
                                run_model(model, {"x": x.numpy()})["y"], rtol=1e-4, atol=1e-4)
 

@@ -367,7 +367,8 @@ def test_a_units_1x1_convolutions_are_products_but_where_the_plan_measured_the_l
              helper.make_node("Conv", ["r", "w2"], ["y"])]
     inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
              for name, shape in (("w1", (16, 8, 1, 1)), ("w2", (4, 16, 1, 1)))]
-    graph = helper.make_graph(nodes, "two_pointwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 8, 6, 6))],
+    graph = helper.make_graph(nodes, "two_pointwise",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 8, 6, 6))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 4, 6, 6))], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     result = optimize(model, target="cpu", cost="roofline")

@@ -52,10 +52,9 @@ def main(argv=None) -> int:
     from korch.backends import ort_gemm
     from korch.backends.base import stored_as
     from korch.backends.check import random_inputs
-    from korch.backends.registry import backends_for
     from korch.orchestrate.plan import Plan
     from korch.runtime import bundle, unit
-    from korch.runtime.build import kernel_graphs
+    from korch.runtime.build import kernel_graphs, rebuild
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("outdir", type=Path)
@@ -63,8 +62,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     heap.keep_freed_memory()  # as the unit and the search's workers run
-    graph = bundle.graph_from_bytes((args.outdir / "graph.json").read_bytes(),
-                                    (args.outdir / "weights.npz").read_bytes())
+    graph = bundle.read_graph(args.outdir)
     plan = Plan.from_bytes((args.outdir / "plan.json").read_bytes())
     choice = json.loads((args.outdir / "manifest.json").read_text())["unit"]
     variant = unit.chosen_variant(choice)
@@ -74,10 +72,9 @@ def main(argv=None) -> int:
             ort_gemm.open_library()
         inputs = unit.example_inputs(graph, "cpu")
         in_unit = profiled_ms(lambda: compiled(*inputs), args.calls)
-        backends = {b.name: b for b in backends_for("cpu")}
         alone: dict[str, float] = collections.defaultdict(float)
         for k, kernel in zip(plan.kernels, kernel_graphs(graph, plan, layouts=True)):
-            built = backends[k.backend or "inductor"].build(kernel, "cpu")
+            built = rebuild(kernel, k.backend or "inductor", "cpu", "cpu")
             xs = [stored_as(x, kernel.tensors[n].layout) for x, n in zip(random_inputs(kernel), kernel.inputs)]
             for name, ms in profiled_ms(lambda: built(*xs), args.calls).items():
                 alone[name] += ms

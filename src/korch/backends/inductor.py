@@ -155,7 +155,7 @@ class InductorBackend:
 
     def claims(self, kernel: Graph) -> str | None:
         if any(node.op is Op.OPAQUE for node in kernel.nodes):
-            return "inductor: opaque primitive"
+            return f"{self.name}: opaque primitive"
         return None
 
     def build(self, kernel: Graph, device: str) -> InductorKernel:
@@ -185,7 +185,7 @@ class LibraryConvBackend(InductorBackend):
 
     def claims(self, kernel: Graph) -> str | None:
         if reason := super().claims(kernel):
-            return reason.replace(InductorBackend.name, self.name, 1)
+            return reason
         if not any(is_pointwise_conv(kernel, node) for node in kernel.nodes):
             return f"{self.name}: no 1x1 convolution"
         return None

@@ -62,8 +62,9 @@ def _executable(x: dict | None) -> list[str]:
             layout = f"; values a convolution reads stored {boundaries} between kernels" if boundaries else ""
             pointwise = x["unit"].get("pointwise convolutions")
             if pointwise:
-                layout += "; 1x1 convolutions " + {"products": "as products", "library": "by the library"}.get(
-                    pointwise, "as products, by the library where the plan measured so")
+                layout += "; 1x1 convolutions " + {
+                    "products": "as products", "library": "by the library",
+                    "as planned": "as products, by the library where the plan measured so"}.get(pointwise, pointwise)
             lines.append(f"- the unit's weights: {x['unit']['weights']}{layout}; the fastest as measured ("
                          + ", ".join(f"{name} {ms:.3g} ms" for name, ms in measured.items()) + ")")
         for name, why in x.get("unit", {}).get("failed", {}).items():

@@ -320,10 +320,11 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         if challenge(best, nchw, {"channels_last_boundaries": False}, "channels-last between kernels"):
             best, choice["boundaries"] = nchw, "NCHW"
     if any(is_pointwise_conv(graph, node) for node in graph.nodes):
-        choice["pointwise convolutions"] = PLANNED if library_conv_kernels(plan) else "products"
+        as_planned = bool(library_conv_kernels(plan))
+        choice["pointwise convolutions"] = PLANNED if as_planned else "products"
         by_library = f"{best}, pointwise convolutions by the library"
-        as_chosen = "as planned" if library_conv_kernels(plan) else "as products"
-        if challenge(best, by_library, {"pointwise_products": False}, f"pointwise convolutions {as_chosen}"):
+        label = f"pointwise convolutions {PLANNED if as_planned else 'as products'}"
+        if challenge(best, by_library, {"pointwise_products": False}, label):
             best, choice["pointwise convolutions"] = by_library, "library"
     choice["measured_ms"] = {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}
     if errors:  # recorded, so that a variant that never compiles is seen (the manifest, report.md)

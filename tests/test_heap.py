@@ -19,7 +19,7 @@ def faults_of_a_large_value():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 kept = heap.keep_freed_memory() if sys.argv[1] == "keep" else False
-faults = [faults_of_a_large_value() for _ in range(12)]
+faults = [faults_of_a_large_value() for _ in range(30)]
 print(json.dumps({"kept": kept, "faults": faults}))
 """
 
@@ -36,8 +36,9 @@ def test_a_freed_large_value_is_reused_without_faulting_its_pages_again():
     default = _run("default")
     assert not default["kept"] and all(f > pages // 2 for f in default["faults"])  # mmap'd afresh every time
     kept = _run("keep")
-    # glibc reuses a freed block once its bins have sorted it (after about eight calls here)
-    assert kept["kept"] and max(kept["faults"][-3:]) < pages // 20
+    # glibc reuses a freed block once its bins have sorted it: after seven to ten calls here, later under load
+    late = kept["faults"][-12:]
+    assert kept["kept"] and sum(f < pages // 20 for f in late) >= 10, kept["faults"]
 
 
 def test_the_heap_is_left_alone_when_configured_so():

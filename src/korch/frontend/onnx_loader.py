@@ -29,6 +29,7 @@ from korch.frontend.inputs import (
     parse_input_shape,
     require_static_inputs,
 )
+from korch.frontend.linear_motion import move_linear_maps
 from korch.frontend.noops import remove_noops
 from korch.frontend.shapes import Shapes, elem_type_of, infer, light_model, probe_with_ort
 
@@ -169,20 +170,23 @@ def _check(proto: ModelProto, constants: dict[str, np.ndarray], label: str) -> N
 def _simplify(
     proto: ModelProto, constants: dict[str, np.ndarray], opset: int
 ) -> tuple[list[NodeProto], Shapes]:
-    """Infer, remove no-ops, fold, drop dead code; until nothing changes."""
+    """Infer, remove no-ops, fold, move linear maps, drop dead code; until nothing changes."""
     graph = proto.graph
     outputs = [value.name for value in graph.output]
     folder = Folder(proto.opset_import)
     nodes = topo_sort(list(graph.node))
     while True:
+        moved = False
         light = light_model(nodes, graph, constants, proto.opset_import, proto.ir_version)
         shapes = infer(light)
         nodes, removed = remove_noops(nodes, outputs, constants, shapes, opset)
         nodes, folded = folder.fold(nodes, constants, shapes)
+        if not (removed or folded):
+            nodes, moved = move_linear_maps(nodes, outputs, constants, shapes, opset)
         nodes, live = remove_dead(topo_sort(nodes), outputs)
         for name in [name for name in constants if name not in live]:
             del constants[name]
-        if not (removed or folded):
+        if not (removed or folded or moved):
             return nodes, shapes
 
 

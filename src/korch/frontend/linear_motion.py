@@ -1,0 +1,168 @@
+"""A 1x1 convolution that reads a channel concatenation, split into one convolution per part, and each part
+moved before the upsampling Resize that made it: the same arithmetic on fewer pixels, and no concatenation.
+
+Both moves are exact in real arithmetic:
+
+* ``Conv(Concat(x_0..x_n; axis=1), W, B) = Conv(x_0, W_0, B) + ... + Conv(x_n, W_n)``, ``W_k`` the columns
+  of ``W`` that read ``x_k``'s channels.
+* A 1x1 convolution mixes the channels of each pixel on its own; a linear or nearest Resize mixes pixels of
+  each channel with weights that sum to one. So ``Conv(Resize(x), W, B) = Resize(Conv(x, W, B))``, the bias
+  included.
+
+Segformer's decoder (four maps upsampled to a quarter of the image, concatenated, fused by one 1x1
+convolution of 1024 channels to 256) then runs three quarters of its fuse convolution on maps 4, 16 and 64
+times smaller, and never writes the 64 MiB concatenation that its fused kernel read cold. Feature-pyramid
+heads have the same shape. The rewrite happens only where a part moves before a Resize and that costs fewer
+element operations (``_moving_saves``); otherwise the graph is left as it is. ``config.move_linear_maps``
+(``KORCH_MOVE_LINEAR_MAPS=0``) turns it off. The executable is still checked against ONNX Runtime running
+the model as given.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from onnx import NodeProto, helper
+
+from korch import config
+from korch.frontend.graph import is_op
+
+Shapes = dict[str, tuple[tuple[int, ...] | None, str | None]]
+
+
+def move_linear_maps(nodes: list[NodeProto], outputs: list[str], constants: dict[str, np.ndarray],
+                     shapes: Shapes, opset: int) -> tuple[list[NodeProto], bool]:
+    """Rewrite every 1x1 convolution of a concatenation as above, where it saves; the new node list (not
+    sorted) and whether anything changed. New weights and sizes go into ``constants``."""
+    if not config.move_linear_maps or opset < 11:  # Resize-10 has no sizes input
+        return nodes, False
+    producer = {out: node for node in nodes for out in node.output if out}
+    readers: dict[str, int] = {name: 1 for name in outputs}
+    for node in nodes:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    names = set(producer) | set(constants) | set(readers)
+    removed: set[int] = set()
+    added: list[NodeProto] = []
+    for conv in nodes:
+        concat = _concat_read_by(conv, producer, readers, constants, shapes)
+        if concat is None:
+            continue
+        weight = constants[conv.input[1]]
+        moved = [_movable_resize(producer.get(part), readers, constants, shapes, weight.shape[0])
+                 for part in concat.input]
+        if not any(moved):
+            continue
+        new_nodes = _split(conv, concat, moved, weight, constants, shapes, names)
+        removed.update({id(conv), id(concat)} | {id(resize) for resize in moved if resize is not None})
+        added.extend(new_nodes)
+    if not added:
+        return nodes, False
+    return [node for node in nodes if id(node) not in removed] + added, True
+
+
+def _concat_read_by(conv: NodeProto, producer, readers, constants, shapes) -> NodeProto | None:
+    """The channel Concat a plain 1x1 convolution reads, where only that convolution reads it."""
+    if not is_op(conv, "Conv") or len(conv.input) < 2 or conv.input[1] not in constants:
+        return None
+    if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in constants:
+        return None
+    weight = constants[conv.input[1]]
+    attrs = _attrs(conv)
+    plain = (weight.ndim >= 3 and all(k == 1 for k in weight.shape[2:]) and attrs.get("group", 1) == 1
+             and all(s == 1 for s in attrs.get("strides", [1])) and not any(attrs.get("pads", [0]))
+             and attrs.get("auto_pad", b"NOTSET") in (b"NOTSET", b"VALID"))
+    concat = producer.get(conv.input[0])
+    if not plain or concat is None or not is_op(concat, "Concat") or readers.get(concat.output[0]) != 1:
+        return None
+    rank = weight.ndim
+    axis = _attrs(concat).get("axis")
+    parts = [shapes.get(part, (None, None))[0] for part in concat.input]
+    if axis is None or axis % rank != 1 or len(parts) < 2 or any(p is None or len(p) != rank for p in parts):
+        return None
+    return concat
+
+
+def _movable_resize(resize: NodeProto | None, readers, constants, shapes, out_channels: int) -> NodeProto | None:
+    """``resize`` where a 1x1 convolution to ``out_channels`` can move before it and is cheaper there."""
+    if resize is None or not is_op(resize, "Resize") or readers.get(resize.output[0]) != 1:
+        return None
+    attrs = _attrs(resize)
+    exact = (attrs.get("mode", b"nearest") in (b"nearest", b"linear") and not attrs.get("antialias", 0)
+             and attrs.get("coordinate_transformation_mode", b"half_pixel") != b"tf_crop_and_resize"
+             and attrs.get("keep_aspect_ratio_policy", b"stretch") == b"stretch")
+    before, after = shapes.get(resize.input[0], (None, None))[0], shapes.get(resize.output[0], (None, None))[0]
+    if not exact or before is None or after is None or tuple(before[:2]) != tuple(after[:2]):
+        return None
+    sizes = resize.input[3] if len(resize.input) > 3 else ""
+    if sizes and sizes not in constants:
+        return None
+    return resize if _moving_saves(before, after, out_channels) else None
+
+
+def _moving_saves(before: tuple[int, ...], after: tuple[int, ...], out_channels: int) -> bool:
+    """Whether the convolution costs fewer multiply-adds and resized elements before the Resize than after."""
+    channels, small, large = before[1], math.prod(before[2:]), math.prod(after[2:])
+    moved = out_channels * channels * small + out_channels * large
+    kept = channels * large + out_channels * channels * large
+    return moved < kept
+
+
+def _split(conv: NodeProto, concat: NodeProto, moved: list[NodeProto | None], weight: np.ndarray,
+           constants: dict[str, np.ndarray], shapes: Shapes, names: set[str]) -> list[NodeProto]:
+    """One convolution per part of ``concat`` (before its Resize where ``moved`` names one), summed into
+    ``conv``'s output."""
+
+    def fresh(stem: str) -> str:
+        name, i = stem, 0
+        while name in names:
+            i += 1
+            name = f"{stem}_{i}"
+        names.add(name)
+        return name
+
+    out = conv.output[0]
+    bias = conv.input[2] if len(conv.input) > 2 else ""
+    new: list[NodeProto] = []
+    sums: list[str] = []
+    start = 0
+    for k, (part, resize) in enumerate(zip(concat.input, moved)):
+        channels = shapes[part][0][1]
+        part_weight = fresh(f"{conv.input[1]}_part{k}")
+        constants[part_weight] = np.ascontiguousarray(weight[:, start:start + channels])
+        start += channels
+        conv_inputs = [resize.input[0] if resize is not None else part, part_weight] + ([bias] if bias and k == 0 else [])
+        summand = fresh(f"{out}_part{k}")
+        conv_out = fresh(f"{summand}_small") if resize is not None else summand
+        new.append(helper.make_node("Conv", conv_inputs, [conv_out], name=fresh(f"{conv.name or 'conv'}_part{k}")))
+        new[-1].attribute.extend(conv.attribute)
+        if resize is not None:
+            new.append(_resize_of(resize, conv_out, summand, weight.shape[0], constants, shapes, fresh))
+        sums.append(summand)
+    total = sums[0]
+    for k, summand in enumerate(sums[1:], start=1):
+        total_out = out if k == len(sums) - 1 else fresh(f"{out}_sum{k}")
+        new.append(helper.make_node("Add", [total, summand], [total_out], name=fresh(f"{conv.name or 'conv'}_sum{k}")))
+        total = total_out
+    return new
+
+
+def _resize_of(resize: NodeProto, source: str, out: str, channels: int, constants, shapes, fresh) -> NodeProto:
+    """``resize`` applied to ``source`` (``channels`` channels) instead of its input."""
+    inputs = [source, *resize.input[1:]]
+    sizes = resize.input[3] if len(resize.input) > 3 else ""
+    if sizes:
+        rank = len(shapes[resize.input[0]][0])
+        axes = _attrs(resize).get("axes", range(rank))  # sizes lists the axes named (opset 18), or all
+        values = constants[sizes].astype(np.int64).copy()
+        values[[i for i, axis in enumerate(axes) if axis % rank == 1]] = channels
+        inputs[3] = fresh(f"{sizes}_channels{channels}")
+        constants[inputs[3]] = values
+    node = helper.make_node("Resize", inputs, [out], name=fresh(resize.name or "resize"))
+    node.attribute.extend(resize.attribute)
+    return node
+
+
+def _attrs(node: NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}

@@ -1,0 +1,92 @@
+"""A 1x1 convolution of a channel concatenation split per part and moved before upsampling Resizes
+(frontend/linear_motion.py): the rewritten graph computes what ONNX Runtime computes on the model as given,
+and graphs where the move is not exact or does not save are left alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from korch import config
+from korch.frontend import load_onnx
+from tests.frontend.test_fold import const, make, ops, run, tensor
+
+F = TensorProto.FLOAT
+
+
+def decoder(*, mode="linear", factor=2, concat_readers=1, kernel=1, axis=1, coordinates="half_pixel",
+            opset=19):
+    """x0 (8 channels, 4x4) resized by sizes and x1 (4 channels, 8x8 / factor) resized by scales to 8x8,
+    concatenated with x2 (6 channels, 8x8), fused by a convolution with a bias (5 output channels)."""
+    rng = np.random.default_rng(0)
+    small = 8 // factor
+    attrs = dict(mode=mode, coordinate_transformation_mode=coordinates)
+    nodes = [
+        helper.make_node("Resize", ["x0", "", "", "sizes"], ["r0"], **attrs),
+        helper.make_node("Resize", ["x1", "", "scales"], ["r1"], **attrs),
+        helper.make_node("Concat", ["r0", "r1", "x2"], ["cat"], axis=axis),
+        helper.make_node("Conv", ["cat", "w", "b"], ["y"], kernel_shape=[kernel, kernel],
+                         pads=[kernel // 2] * 4),
+    ]
+    outputs = [tensor("y", F, None)]
+    if concat_readers > 1:
+        nodes.append(helper.make_node("Relu", ["cat"], ["z"]))
+        outputs.append(tensor("z", F, None))
+    inits = [const("sizes", np.array([1, 8, 8, 8], np.int64)),
+             const("scales", np.array([1, 1, factor, factor], np.float32)),
+             const("w", rng.standard_normal((5, 18, kernel, kernel)).astype(np.float32)),
+             const("b", rng.standard_normal(5).astype(np.float32))]
+    inputs = [tensor("x0", F, [1, 8, 4, 4]), tensor("x1", F, [1, 4, small, small]), tensor("x2", F, [1, 6, 8, 8])]
+    return make(nodes, inputs, outputs, inits, opset=opset)
+
+
+def feeds(model) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return {v.name: rng.standard_normal([d.dim_value for d in v.type.tensor_type.shape.dim]).astype(np.float32)
+            for v in model.graph.input}
+
+
+@pytest.mark.parametrize("mode", ["linear", "nearest"])
+@pytest.mark.parametrize("opset", [13, 19])
+def test_a_fuse_convolution_runs_per_part_before_the_upsampling_and_computes_the_same(mode, opset):
+    model = decoder(mode=mode, opset=opset)
+    moved = load_onnx(model).model
+    assert "Concat" not in ops(moved)
+    assert ops(moved).count("Conv") == 3 and ops(moved).count("Resize") == 2 and ops(moved).count("Add") == 2
+    resized = {n.input[0] for n in moved.graph.node if n.op_type == "Resize"}
+    convs = {n.output[0]: n for n in moved.graph.node if n.op_type == "Conv"}
+    assert resized <= set(convs)  # both Resizes now read a convolution's output
+    x = feeds(model)
+    (expected,), (got,) = run(model, x), run(moved, x)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", [
+    dict(mode="cubic"),                      # cubic weights: left as ONNX Runtime computes them
+    dict(coordinates="tf_crop_and_resize"),  # extrapolates: a constant would not pass through
+    dict(concat_readers=2),                  # the concatenation is needed anyway
+    dict(kernel=3),                          # mixes pixels
+])
+def test_the_graph_is_left_where_the_move_is_not_exact_or_does_not_save(case):
+    model = decoder(**case)
+    moved = load_onnx(model).model
+    x = feeds(model)
+    for expected, got in zip(run(model, x), run(moved, x)):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert ops(moved).count("Concat") == 1 and ops(moved).count("Conv") == 1
+
+
+def test_a_downsampling_resize_keeps_its_convolution_after_it():
+    model = decoder(factor=1)  # x1 resized by scales of 1
+    for node in model.graph.initializer:
+        if node.name == "sizes":
+            node.CopyFrom(const("sizes", np.array([1, 8, 8, 8], np.int64)))
+    model.graph.input[0].CopyFrom(tensor("x0", F, [1, 8, 16, 16]))
+    moved = load_onnx(model).model
+    assert ops(moved).count("Concat") == 1
+
+
+def test_the_move_is_off_when_configured_so():
+    with config.patch(move_linear_maps=False):
+        assert ops(load_onnx(decoder()).model).count("Concat") == 1

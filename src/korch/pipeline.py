@@ -194,6 +194,8 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
             measurer.close()
     stats = {"primitive_nodes": len(graph.nodes), "candidates": len(candidates.candidates),
              "stage_seconds": dict(stage.seconds)}  # the planning stages
+    if imported.rewrites:
+        stats["rewrites"] = list(imported.rewrites)
     if measurer is not None:
         stats["measurement"] = measurement_stats(measurer) | {
             "solves": sum(r.solves for r in segment_reports), "proofs": sum(r.proofs for r in segment_reports),

@@ -90,3 +90,18 @@ def test_a_downsampling_resize_keeps_its_convolution_after_it():
 def test_the_move_is_off_when_configured_so():
     with config.patch(move_linear_maps=False):
         assert ops(load_onnx(decoder()).model).count("Concat") == 1
+
+
+def test_the_rewrite_is_named_and_its_executable_matches_onnx_runtime_on_the_model_as_given(tmp_path):
+    import korch
+
+    model = decoder()
+    assert load_onnx(model).rewrites == ["1x1 Conv 'y' split over its 3 concatenated inputs, 2 moved before their "
+                                         "upsampling Resize"]
+    executable = korch.optimize(model, target="cpu", cost="roofline", output=tmp_path / "out")
+    x = feeds(model)
+    (expected,) = run(model, x)
+    got = executable(*(x[name] for name in ("x0", "x1", "x2")))
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4)
+    assert "## Graph rewrites" in (tmp_path / "out" / "report.md").read_text()

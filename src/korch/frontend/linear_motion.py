@@ -32,11 +32,12 @@ Shapes = dict[str, tuple[tuple[int, ...] | None, str | None]]
 
 
 def move_linear_maps(nodes: list[NodeProto], outputs: list[str], constants: dict[str, np.ndarray],
-                     shapes: Shapes, opset: int) -> tuple[list[NodeProto], bool]:
+                     shapes: Shapes, opset: int) -> tuple[list[NodeProto], list[str]]:
     """Rewrite every 1x1 convolution of a concatenation as above, where it saves; the new node list (not
-    sorted) and whether anything changed. New weights and sizes go into ``constants``."""
+    sorted) and a line per convolution rewritten (none: nothing changed). New weights and sizes go into
+    ``constants``."""
     if not config.move_linear_maps or opset < 11:  # Resize-10 has no sizes input
-        return nodes, False
+        return nodes, []
     producer = {out: node for node in nodes for out in node.output if out}
     readers: dict[str, int] = {name: 1 for name in outputs}
     for node in nodes:
@@ -45,6 +46,7 @@ def move_linear_maps(nodes: list[NodeProto], outputs: list[str], constants: dict
     names = set(producer) | set(constants) | set(readers)
     removed: set[int] = set()
     added: list[NodeProto] = []
+    done: list[str] = []
     for conv in nodes:
         concat = _concat_read_by(conv, producer, readers, constants, shapes)
         if concat is None:
@@ -57,9 +59,11 @@ def move_linear_maps(nodes: list[NodeProto], outputs: list[str], constants: dict
         new_nodes = _split(conv, concat, moved, weight, constants, shapes, names)
         removed.update({id(conv), id(concat)} | {id(resize) for resize in moved if resize is not None})
         added.extend(new_nodes)
+        done.append(f"1x1 Conv '{conv.name or conv.output[0]}' split over its {len(moved)} concatenated inputs, "
+                    f"{sum(r is not None for r in moved)} moved before their upsampling Resize")
     if not added:
-        return nodes, False
-    return [node for node in nodes if id(node) not in removed] + added, True
+        return nodes, []
+    return [node for node in nodes if id(node) not in removed] + added, done
 
 
 def _concat_read_by(conv: NodeProto, producer, readers, constants, shapes) -> NodeProto | None:
@@ -132,7 +136,8 @@ def _split(conv: NodeProto, concat: NodeProto, moved: list[NodeProto | None], we
         part_weight = fresh(f"{conv.input[1]}_part{k}")
         constants[part_weight] = np.ascontiguousarray(weight[:, start:start + channels])
         start += channels
-        conv_inputs = [resize.input[0] if resize is not None else part, part_weight] + ([bias] if bias and k == 0 else [])
+        source = resize.input[0] if resize is not None else part
+        conv_inputs = [source, part_weight] + ([bias] if bias and k == 0 else [])
         summand = fresh(f"{out}_part{k}")
         conv_out = fresh(f"{summand}_small") if resize is not None else summand
         new.append(helper.make_node("Conv", conv_inputs, [conv_out], name=fresh(f"{conv.name or 'conv'}_part{k}")))

@@ -46,6 +46,7 @@ class ImportedModel:
     constants: dict[str, np.ndarray]
     opset: int
     input_values: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # given, typed and shaped
+    rewrites: list[str] = dataclasses.field(default_factory=list)  # what the frontend changed beyond folding
 
 
 def load_onnx(
@@ -77,10 +78,10 @@ def load_onnx(
     require_static_inputs(graph)
     _check(proto, constants, label)
 
-    nodes, shapes = _simplify(proto, constants, opset)
+    nodes, shapes, rewrites = _simplify(proto, constants, opset)
     _write_back(proto, nodes, constants, stored)
     values = check_input_values(graph, input_values or {})
-    return ImportedModel(proto, _resolve(proto, constants, shapes, values), constants, opset, values)
+    return ImportedModel(proto, _resolve(proto, constants, shapes, values), constants, opset, values, rewrites)
 
 
 def _read(model: str | os.PathLike | ModelProto) -> tuple[ModelProto, str, str]:
@@ -169,25 +170,28 @@ def _check(proto: ModelProto, constants: dict[str, np.ndarray], label: str) -> N
 
 def _simplify(
     proto: ModelProto, constants: dict[str, np.ndarray], opset: int
-) -> tuple[list[NodeProto], Shapes]:
-    """Infer, remove no-ops, fold, move linear maps, drop dead code; until nothing changes."""
+) -> tuple[list[NodeProto], Shapes, list[str]]:
+    """Infer, remove no-ops, fold, move linear maps, drop dead code; until nothing changes. Also returns a
+    line per linear map moved."""
     graph = proto.graph
     outputs = [value.name for value in graph.output]
     folder = Folder(proto.opset_import)
     nodes = topo_sort(list(graph.node))
+    rewrites: list[str] = []
     while True:
-        moved = False
+        moved: list[str] = []
         light = light_model(nodes, graph, constants, proto.opset_import, proto.ir_version)
         shapes = infer(light)
         nodes, removed = remove_noops(nodes, outputs, constants, shapes, opset)
         nodes, folded = folder.fold(nodes, constants, shapes)
         if not (removed or folded):
             nodes, moved = move_linear_maps(nodes, outputs, constants, shapes, opset)
+            rewrites += moved
         nodes, live = remove_dead(topo_sort(nodes), outputs)
         for name in [name for name in constants if name not in live]:
             del constants[name]
         if not (removed or folded or moved):
-            return nodes, shapes
+            return nodes, shapes, rewrites
 
 
 def _write_back(

@@ -117,6 +117,7 @@ def _header(graph: Graph, plan: Plan) -> str:
         ("kernel costs", f"{measured} measured, {len(plan.kernels) - measured} bounded"),
         ("proven optimal", ("yes" if optimal else '<span class="bad">no</span>')
          + (f"; {dropped} candidates dropped at inexact segment cuts" if dropped else "")),
+        *(("graph rewrite", _e(line)) for line in stats.get("rewrites", ())),
     ]
     stages = stats.get("stage_seconds", {})
     stage_table = _table(["stage", ">seconds"], [(_e(n), f"{s:.2f}") for n, s in stages.items()]

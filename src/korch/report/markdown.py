@@ -96,6 +96,7 @@ def render_markdown(plan: Plan, rejected: dict[str, int] | None = None, executab
         f"- proven optimal: **{'yes' if all(s.optimal for s in plan.segments) else 'no'}**"
         + ("" if all(s.exact for s in plan.segments) else
            f"; {sum(s.dropped for s in plan.segments)} candidates dropped at inexact segment cuts"),
+        *(["", "## Graph rewrites", "", *(f"- {line}" for line in stats["rewrites"])] if "rewrites" in stats else []),
         "",
         "## Stages",
         "",

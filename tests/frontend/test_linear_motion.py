@@ -105,3 +105,13 @@ def test_the_rewrite_is_named_and_its_executable_matches_onnx_runtime_on_the_mod
     got = got[0] if isinstance(got, (list, tuple)) else got
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4)
     assert "## Graph rewrites" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_concatenation_an_if_body_reads_stays():
+    model = decoder()
+    branch = lambda: helper.make_graph([helper.make_node("Relu", ["cat"], ["branch_out"])], "branch", [],
+                                       [tensor("branch_out", F, None)])
+    model.graph.node.append(helper.make_node("If", ["flag"], ["z"], then_branch=branch(), else_branch=branch()))
+    model.graph.input.append(tensor("flag", TensorProto.BOOL, []))
+    model.graph.output.append(tensor("z", F, None))
+    assert ops(load_onnx(model).model).count("Concat") == 1

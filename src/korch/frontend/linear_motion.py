@@ -26,7 +26,7 @@ import numpy as np
 from onnx import NodeProto, helper
 
 from korch import config
-from korch.frontend.graph import is_op
+from korch.frontend.graph import is_op, reads
 
 Shapes = dict[str, tuple[tuple[int, ...] | None, str | None]]
 
@@ -41,7 +41,7 @@ def move_linear_maps(nodes: list[NodeProto], outputs: list[str], constants: dict
     producer = {out: node for node in nodes for out in node.output if out}
     readers: dict[str, int] = {name: 1 for name in outputs}
     for node in nodes:
-        for name in node.input:
+        for name in reads(node):  # an If or Loop body's captures count
             readers[name] = readers.get(name, 0) + 1
     names = set(producer) | set(constants) | set(readers)
     removed: set[int] = set()

@@ -38,7 +38,8 @@ export_opset: int = int(os.environ.get("KORCH_EXPORT_OPSET", "19"))
 fold_max_elements: int = int(os.environ.get("KORCH_FOLD_MAX_ELEMENTS", str(1 << 24)))
 
 # A 1x1 convolution of a channel concatenation is split per part and moved before the upsampling
-# Resizes that made them (frontend/linear_motion.py); 0 keeps the graph as given.
+# Resizes that made them, and one of a token projection folds into it (frontend/linear_motion.py); 0 keeps
+# the graph as given.
 move_linear_maps: bool = os.environ.get("KORCH_MOVE_LINEAR_MAPS", "1") != "0"
 
 # Largest candidate kernel, in primitive nodes (the enumeration grows fast with it).

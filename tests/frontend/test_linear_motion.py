@@ -115,3 +115,64 @@ def test_a_concatenation_an_if_body_reads_stays():
     model.graph.input.append(tensor("flag", TensorProto.BOOL, []))
     model.graph.output.append(tensor("z", F, None))
     assert ops(load_onnx(model).model).count("Concat") == 1
+
+
+def projection(*, bias_shape=(6,), relu=False, conv_bias=True, readers=1):
+    """Tokens (1, 16, 8) projected to 6 channels, laid out as a 4x4 map, mixed by a 1x1 convolution to 5."""
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("MatMul", ["a", "wm"], ["p"]), helper.make_node("Add", ["bm", "p"], ["q"])]
+    last = "q"
+    if relu:
+        nodes.append(helper.make_node("Relu", ["q"], ["r"]))
+        last = "r"
+    nodes += [helper.make_node("Transpose", [last], ["t"], perm=[0, 2, 1]),
+              helper.make_node("Reshape", ["t", "grid"], ["m"]),
+              helper.make_node("Conv", ["m", "wk"] + (["bk"] if conv_bias else []), ["y"], kernel_shape=[1, 1])]
+    outputs = [tensor("y", F, None)] + ([tensor("t", F, None)] if readers > 1 else [])
+    inits = [const("wm", rng.standard_normal((8, 6)).astype(np.float32)),
+             const("bm", rng.standard_normal(bias_shape).astype(np.float32)),
+             const("grid", np.array([1, -1, 4, 4], np.int64)),
+             const("wk", rng.standard_normal((5, 6, 1, 1)).astype(np.float32)),
+             const("bk", rng.standard_normal(5).astype(np.float32))]
+    return make(nodes, [tensor("a", F, [1, 16, 8])], outputs, inits, opset=19)
+
+
+@pytest.mark.parametrize("conv_bias", [True, False])
+def test_a_1x1_convolution_of_a_token_projection_folds_into_it(conv_bias):
+    model = projection(conv_bias=conv_bias)
+    imported = load_onnx(model)
+    assert "Conv" not in ops(imported.model) and ops(imported.model).count("MatMul") == 1
+    assert imported.rewrites == ["1x1 Conv 'y' folded into the MatMul 'p' that projects its tokens"]
+    x = feeds(model)
+    (expected,), (got,) = run(model, x), run(imported.model, x)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", [dict(relu=True), dict(readers=2), dict(bias_shape=(16, 6))])
+def test_a_projection_stays_where_the_fold_is_not_exact(case):
+    """An activation between, a layout another node reads, a bias per token and channel."""
+    model = projection(**case)
+    moved = load_onnx(model).model
+    assert ops(moved).count("Conv") == 1
+    x = feeds(model)
+    for expected, got in zip(run(model, x), run(moved, x)):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_decoders_moved_parts_fold_into_their_projections():
+    """The split, the move and the fold together, as in Segformer's decoder: every convolution gone."""
+    model = decoder()
+    rng = np.random.default_rng(3)
+    # x2 becomes a token projection laid out as a map
+    model.graph.input[2].CopyFrom(tensor("tok", F, [1, 64, 3]))
+    model.graph.node.insert(0, helper.make_node("MatMul", ["tok", "wt"], ["pt"]))
+    model.graph.node.insert(1, helper.make_node("Transpose", ["pt"], ["ptt"], perm=[0, 2, 1]))
+    model.graph.node.insert(2, helper.make_node("Reshape", ["ptt", "grid"], ["x2"]))
+    model.graph.initializer.extend([const("wt", rng.standard_normal((3, 6)).astype(np.float32)),
+                                    const("grid", np.array([1, 6, 8, 8], np.int64))])
+    imported = load_onnx(model)
+    assert ops(imported.model).count("Conv") == 2 and "Concat" not in ops(imported.model)
+    assert len(imported.rewrites) == 2
+    x = feeds(model)
+    (expected,), (got,) = run(model, x), run(imported.model, x)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)

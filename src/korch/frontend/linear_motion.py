@@ -1,19 +1,24 @@
 """A 1x1 convolution that reads a channel concatenation, split into one convolution per part, and each part
 moved before the upsampling Resize that made it: the same arithmetic on fewer pixels, and no concatenation.
+Then a 1x1 convolution of a token projection laid out as a map folds into that projection.
 
-Both moves are exact in real arithmetic:
+All three moves are exact in real arithmetic:
 
 * ``Conv(Concat(x_0..x_n; axis=1), W, B) = Conv(x_0, W_0, B) + ... + Conv(x_n, W_n)``, ``W_k`` the columns
   of ``W`` that read ``x_k``'s channels.
 * A 1x1 convolution mixes the channels of each pixel on its own; a linear or nearest Resize mixes pixels of
   each channel with weights that sum to one. So ``Conv(Resize(x), W, B) = Resize(Conv(x, W, B))``, the bias
   included.
+* ``Conv(Reshape(Transpose(A @ Wm + bm)), Wk, bk) = Reshape(Transpose(A @ (Wm Wk^T) + (bm Wk^T + bk)))``,
+  with the transpose swapping tokens and channels and the reshape splitting the tokens into the map's pixels.
 
 Segformer's decoder (four maps upsampled to a quarter of the image, concatenated, fused by one 1x1
 convolution of 1024 channels to 256) then runs three quarters of its fuse convolution on maps 4, 16 and 64
-times smaller, and never writes the 64 MiB concatenation that its fused kernel read cold. Feature-pyramid
-heads have the same shape. The rewrite happens only where a part moves before a Resize and that costs fewer
-element operations (``_moving_saves``); otherwise the graph is left as it is. ``config.move_linear_maps``
+times smaller, and never writes the 64 MiB concatenation that its fused kernel read cold; each part then folds
+into the linear layer that unified its stage's channels (32, 64, 160 or 256 to 256). Feature-pyramid heads
+have the same shape. A split happens only where a part moves before a Resize and that costs fewer element
+operations (``_moving_saves``), a fold only where it costs fewer multiply-adds; otherwise the graph is left as
+it is. ``config.move_linear_maps``
 (``KORCH_MOVE_LINEAR_MAPS=0``) turns it off. The executable is still checked against ONNX Runtime running
 the model as given.
 """
@@ -33,9 +38,9 @@ Shapes = dict[str, tuple[tuple[int, ...] | None, str | None]]
 
 def move_linear_maps(nodes: list[NodeProto], outputs: list[str], constants: dict[str, np.ndarray],
                      shapes: Shapes, opset: int) -> tuple[list[NodeProto], list[str]]:
-    """Rewrite every 1x1 convolution of a concatenation as above, where it saves; the new node list (not
-    sorted) and a line per convolution rewritten (none: nothing changed). New weights and sizes go into
-    ``constants``."""
+    """Split and move every 1x1 convolution of a concatenation, or fold it into the token projection it reads,
+    as above, where that saves; the new node list (not sorted) and a line per convolution rewritten (none:
+    nothing changed). New weights, biases, sizes and shapes go into ``constants``."""
     if not config.move_linear_maps or opset < 11:  # Resize-10 has no sizes input
         return nodes, []
     producer = {out: node for node in nodes for out in node.output if out}
@@ -44,46 +49,66 @@ def move_linear_maps(nodes: list[NodeProto], outputs: list[str], constants: dict
         for name in reads(node):  # an If or Loop body's captures count
             readers[name] = readers.get(name, 0) + 1
     names = set(producer) | set(constants) | set(readers)
+
+    def fresh(stem: str) -> str:
+        name, i = stem, 0
+        while name in names:
+            i += 1
+            name = f"{stem}_{i}"
+        names.add(name)
+        return name
+
     removed: set[int] = set()
     added: list[NodeProto] = []
     done: list[str] = []
     for conv in nodes:
-        concat = _concat_read_by(conv, producer, readers, constants, shapes)
-        if concat is None:
+        if not _plain_pointwise_conv(conv, constants) or id(producer.get(conv.input[0])) in removed:
             continue
+        label = conv.name or conv.output[0]
         weight = constants[conv.input[1]]
+        concat = _concat_read_by(conv, producer, readers, shapes)
         moved = [_movable_resize(producer.get(part), readers, constants, shapes, weight.shape[0])
-                 for part in concat.input]
-        if not any(moved):
-            continue
-        new_nodes = _split(conv, concat, moved, weight, constants, shapes, names)
-        removed.update({id(conv), id(concat)} | {id(resize) for resize in moved if resize is not None})
-        added.extend(new_nodes)
-        done.append(f"1x1 Conv '{conv.name or conv.output[0]}' split over its {len(moved)} concatenated inputs, "
-                    f"{sum(r is not None for r in moved)} moved before their upsampling Resize")
+                 for part in concat.input] if concat is not None else []
+        projection = _projection_read_by(conv, producer, readers, constants, shapes) if not any(moved) else None
+        if any(moved):
+            added += _split(conv, concat, moved, weight, constants, shapes, fresh)
+            removed.update({id(conv), id(concat)} | {id(resize) for resize in moved if resize is not None})
+            done.append(f"1x1 Conv '{label}' split over its {len(moved)} concatenated inputs, "
+                        f"{sum(r is not None for r in moved)} moved before their upsampling Resize")
+        elif projection is not None:
+            added += _fold(conv, projection, constants, shapes, fresh)
+            removed.update({id(conv)} | {id(node) for node in projection if node is not None})
+            matmul = projection[0].name or projection[0].output[0]
+            done.append(f"1x1 Conv '{label}' folded into the MatMul '{matmul}' that projects its tokens")
     if not added:
         return nodes, []
     return [node for node in nodes if id(node) not in removed] + added, done
 
 
-def _concat_read_by(conv: NodeProto, producer, readers, constants, shapes) -> NodeProto | None:
-    """The channel Concat a plain 1x1 convolution reads, where only that convolution reads it."""
+def _plain_pointwise_conv(conv: NodeProto, constants) -> bool:
+    """A 1x1 convolution of constant weights (and bias), group 1, stride 1, no padding: a matrix over channels."""
     if not is_op(conv, "Conv") or len(conv.input) < 2 or conv.input[1] not in constants:
-        return None
+        return False
     if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in constants:
-        return None
+        return False
     weight = constants[conv.input[1]]
     attrs = _attrs(conv)
-    plain = (weight.ndim >= 3 and all(k == 1 for k in weight.shape[2:]) and attrs.get("group", 1) == 1
-             and all(s == 1 for s in attrs.get("strides", [1])) and not any(attrs.get("pads", [0]))
-             and attrs.get("auto_pad", b"NOTSET") in (b"NOTSET", b"VALID"))
+    return (weight.ndim >= 3 and all(k == 1 for k in weight.shape[2:]) and attrs.get("group", 1) == 1
+            and all(s == 1 for s in attrs.get("strides", [1])) and not any(attrs.get("pads", [0]))
+            and attrs.get("auto_pad", b"NOTSET") in (b"NOTSET", b"VALID"))
+
+
+def _concat_read_by(conv: NodeProto, producer, readers, shapes) -> NodeProto | None:
+    """The channel Concat a plain 1x1 convolution reads, where only that convolution reads it."""
     concat = producer.get(conv.input[0])
-    if not plain or concat is None or not is_op(concat, "Concat") or readers.get(concat.output[0]) != 1:
+    if concat is None or not is_op(concat, "Concat") or readers.get(concat.output[0]) != 1:
         return None
-    rank = weight.ndim
+    rank = len(shapes.get(conv.input[0], ((),))[0] or ())
     axis = _attrs(concat).get("axis")
     parts = [shapes.get(part, (None, None))[0] for part in concat.input]
-    if axis is None or axis % rank != 1 or len(parts) < 2 or any(p is None or len(p) != rank for p in parts):
+    if not rank or axis is None or axis % rank != 1 or len(parts) < 2:
+        return None
+    if any(p is None or len(p) != rank for p in parts):
         return None
     return concat
 
@@ -114,18 +139,9 @@ def _moving_saves(before: tuple[int, ...], after: tuple[int, ...], out_channels:
 
 
 def _split(conv: NodeProto, concat: NodeProto, moved: list[NodeProto | None], weight: np.ndarray,
-           constants: dict[str, np.ndarray], shapes: Shapes, names: set[str]) -> list[NodeProto]:
+           constants: dict[str, np.ndarray], shapes: Shapes, fresh) -> list[NodeProto]:
     """One convolution per part of ``concat`` (before its Resize where ``moved`` names one), summed into
     ``conv``'s output."""
-
-    def fresh(stem: str) -> str:
-        name, i = stem, 0
-        while name in names:
-            i += 1
-            name = f"{stem}_{i}"
-        names.add(name)
-        return name
-
     out = conv.output[0]
     bias = conv.input[2] if len(conv.input) > 2 else ""
     new: list[NodeProto] = []
@@ -150,6 +166,76 @@ def _split(conv: NodeProto, concat: NodeProto, moved: list[NodeProto | None], we
         total_out = out if k == len(sums) - 1 else fresh(f"{out}_sum{k}")
         new.append(helper.make_node("Add", [total, summand], [total_out], name=fresh(f"{conv.name or 'conv'}_sum{k}")))
         total = total_out
+    return new
+
+
+def _projection_read_by(conv: NodeProto, producer, readers, constants, shapes) -> list[NodeProto] | None:
+    """[MatMul, Add or None, Transpose, Reshape]: the token projection ``conv`` reads as a map, each node read only
+    by the next, where folding ``conv`` into it saves multiply-adds."""
+    chain, name = [], conv.input[0]
+    for op in ("Reshape", "Transpose", "Add", "MatMul"):
+        node = producer.get(name)
+        if node is None or readers.get(name) != 1:
+            return None
+        if not is_op(node, op):
+            if op != "Add":
+                return None
+            chain.append(None)  # no bias
+            continue
+        chain.append(node)
+        name = node.input[0]
+        if op == "Add":  # the bias is the constant operand, on either side
+            name = next((x for x in node.input if x not in constants), None)
+            bias = next((x for x in node.input if x in constants), None)
+            if name is None or bias is None:
+                return None
+    reshape, transpose, add, matmul = chain
+    tokens, grid = shapes.get(transpose.input[0], (None, None))[0], shapes.get(reshape.output[0], (None, None))[0]
+    if (list(_attrs(transpose).get("perm", [])) != [0, 2, 1] or matmul.input[1] not in constants
+            or constants[matmul.input[1]].ndim != 2 or tokens is None or grid is None or len(tokens) != 3
+            or grid[:2] != (tokens[0], tokens[2]) or math.prod(grid[2:]) != tokens[1]):
+        return None
+    bias = constants[next(x for x in add.input if x in constants)] if add is not None else None
+    if bias is not None and (bias.size != tokens[2] or bias.shape[-1] != tokens[2]):
+        return None  # a bias that is not one per channel
+    inner, channels = constants[matmul.input[1]].shape
+    out_channels = constants[conv.input[1]].shape[0]
+    if inner * out_channels >= inner * channels + channels * out_channels:
+        return None
+    return [matmul, add, transpose, reshape]
+
+
+def _fold(conv: NodeProto, projection: list, constants: dict[str, np.ndarray], shapes: Shapes,
+          fresh) -> list[NodeProto]:
+    """The projection with ``conv``'s weights folded in, writing ``conv``'s output."""
+    matmul, add, transpose, reshape = projection
+    conv_weight = constants[conv.input[1]]
+    mix = conv_weight.reshape(conv_weight.shape[:2]).astype(np.float64).T  # channels -> out channels
+    weight = fresh(f"{matmul.input[1]}_folded")
+    constants[weight] = (constants[matmul.input[1]].astype(np.float64) @ mix).astype(conv_weight.dtype)
+    bias = np.zeros(mix.shape[1])
+    if add is not None:
+        bias += constants[next(x for x in add.input if x in constants)].astype(np.float64).reshape(-1) @ mix
+    if len(conv.input) > 2 and conv.input[2]:
+        bias += constants[conv.input[2]].astype(np.float64)
+    out = conv.output[0]
+    projected = fresh(f"{out}_tokens")
+    new = [helper.make_node("MatMul", [matmul.input[0], weight], [projected],
+                            name=fresh(f"{matmul.name or 'matmul'}_folded"))]
+    if add is not None or (len(conv.input) > 2 and conv.input[2]):
+        biased = fresh(f"{out}_biased")
+        bias_name = fresh(f"{out}_bias")
+        constants[bias_name] = bias.astype(conv_weight.dtype)
+        new.append(helper.make_node("Add", [projected, bias_name], [biased], name=fresh(f"{out}_add")))
+        projected = biased
+    swapped = fresh(f"{out}_channels_first")
+    new.append(helper.make_node("Transpose", [projected], [swapped], name=fresh(f"{out}_transpose"),
+                                perm=[0, 2, 1]))
+    grid = list(shapes[reshape.output[0]][0])
+    grid[1] = mix.shape[1]
+    shape = fresh(f"{out}_shape")
+    constants[shape] = np.array(grid, dtype=np.int64)
+    new.append(helper.make_node("Reshape", [swapped, shape], [out], name=fresh(f"{out}_reshape")))
     return new
 
 

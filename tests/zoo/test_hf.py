@@ -25,7 +25,7 @@ from korch.zoo import build, export, get, hf, list_models
 pytest.importorskip("transformers")
 
 HF_NAMES = ["hf_bert", "hf_gpt2", "hf_llama", "hf_vit", "hf_whisper_encoder", "hf_t5_encoder", "hf_distilbert",
-            "hf_phi", "hf_convnext", "hf_resnet"]
+            "hf_phi", "hf_convnext", "hf_resnet", "hf_segformer"]
 
 EXPECTED_OUTPUT_SHAPES = {
     "hf_bert": (1, 128, 256),
@@ -38,6 +38,7 @@ EXPECTED_OUTPUT_SHAPES = {
     "hf_phi": (1, 128, 256),
     "hf_convnext": (1, 320, 7, 7),
     "hf_resnet": (1, 512, 7, 7),
+    "hf_segformer": (1, 150, 64, 64),
 }
 CONVOLUTIONAL = {"hf_convnext", "hf_resnet"}
 

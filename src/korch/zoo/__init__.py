@@ -253,6 +253,17 @@ _ENTRIES = (
         hf.resnet,
         {"pixel_values": "normal"},
     ),
+    _Entry(
+        ZooModel(
+            "hf_segformer",
+            "transformers SegformerForSemanticSegmentation, MiT-b0 sizes, all-MLP decoder, 150 classes: "
+            "256x256 image, logits at 64x64 (Xie et al. 2021)",
+            {"pixel_values": (1, 3, hf.SEGMENTATION_SIDE, hf.SEGMENTATION_SIDE)},
+            None,
+        ),
+        hf.segformer,
+        {"pixel_values": "normal"},
+    ),
 )
 
 _REGISTRY = {entry.model.name: entry for entry in _ENTRIES}

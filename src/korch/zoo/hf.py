@@ -25,8 +25,8 @@ from torch import nn
 
 from korch.errors import KorchError
 
-__all__ = ["IMAGE_SIDE", "MEL_BINS", "PATCH", "SEQUENCE", "VOCAB", "bert", "convnext", "distilbert", "gpt2",
-           "llama", "phi", "resnet", "t5_encoder", "vit", "whisper_encoder"]
+__all__ = ["IMAGE_SIDE", "MEL_BINS", "PATCH", "SEGMENTATION_SIDE", "SEQUENCE", "VOCAB", "bert", "convnext",
+           "distilbert", "gpt2", "llama", "phi", "resnet", "segformer", "t5_encoder", "vit", "whisper_encoder"]
 
 # Tokens of the text models' input and of the Whisper encoder's output.
 SEQUENCE = 128
@@ -35,6 +35,8 @@ SEQUENCE = 128
 VOCAB = 8192
 # Mel bins of Whisper's log-mel input features.
 MEL_BINS = 80
+# SegFormer's input image side (its logits come at a quarter of it)
+SEGMENTATION_SIDE = 256
 # ViT's input image side and patch side: 14 x 14 patches + the class token.
 IMAGE_SIDE = 224
 PATCH = 16
@@ -63,6 +65,13 @@ class LastHiddenState(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(**{self.input_name: x}).last_hidden_state
+
+
+class Logits(LastHiddenState):
+    """``model(input)``'s logits: one tensor in, one tensor out."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(**{self.input_name: x}).logits
 
 
 def _text_model(architecture: str, model_options: dict | None = None, **sizes) -> nn.Module:
@@ -148,3 +157,11 @@ def resnet() -> nn.Module:
     config = t.ResNetConfig(num_channels=3, embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[1, 1, 1, 1],
                             layer_type="basic", **_common())
     return LastHiddenState(t.ResNetModel(config), "pixel_values")
+
+
+def segformer() -> nn.Module:
+    """SegformerForSemanticSegmentation, MiT-b0 sizes (widths 32-256, two blocks per stage) and its all-MLP
+    decoder (256 channels, 150 classes); 256x256 image, logits at 64x64."""
+    t = _transformers()
+    config = t.SegformerConfig(num_labels=150, **_common())
+    return Logits(t.SegformerForSemanticSegmentation(config), "pixel_values")

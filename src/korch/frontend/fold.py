@@ -20,7 +20,7 @@ from onnx import GraphProto, NodeProto, OperatorSetIdProto, TensorProto, helper,
 from onnx.reference import ReferenceEvaluator
 
 from korch import config
-from korch.frontend.graph import DEFAULT_DOMAINS, is_op, rename_inputs, subgraphs
+from korch.frontend.graph import DEFAULT_DOMAINS, attributes, is_op, rename_inputs, subgraphs
 
 Shapes = dict[str, tuple[tuple[int, ...] | None, str | None]]
 
@@ -120,7 +120,7 @@ def _fold_shape(node: NodeProto, shapes: Shapes) -> dict[str, np.ndarray] | None
         return None
     if node.op_type == "Size":
         return {node.output[0]: np.array(math.prod(shape), dtype=np.int64)}
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = attributes(node)
     # Python slicing clamps start/end exactly as Shape-15 specifies.
     dims = shape[attrs.get("start", 0) : attrs.get("end", len(shape))]
     return {node.output[0]: np.array(dims, dtype=np.int64)}

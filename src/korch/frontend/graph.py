@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator, Mapping
 
-from onnx import AttributeProto, GraphProto, NodeProto
+from onnx import AttributeProto, GraphProto, NodeProto, helper
 
 from korch.errors import KorchError
 
@@ -21,6 +21,11 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 def is_op(node: NodeProto, *op_types: str) -> bool:
     """Whether ``node`` is one of ``op_types`` of the default ONNX domain."""
     return node.domain in DEFAULT_DOMAINS and node.op_type in op_types
+
+
+def attributes(node: NodeProto) -> dict:
+    """``node``'s attributes by name, as Python values."""
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def subgraphs(node: NodeProto) -> Iterator[GraphProto]:

@@ -18,20 +18,20 @@ times smaller, and never writes the 64 MiB concatenation that its fused kernel r
 into the linear layer that unified its stage's channels (32, 64, 160 or 256 to 256). Feature-pyramid heads
 have the same shape. A split happens only where a part moves before a Resize and that costs fewer element
 operations (``_moving_saves``), a fold only where it costs fewer multiply-adds; otherwise the graph is left as
-it is. ``config.move_linear_maps``
-(``KORCH_MOVE_LINEAR_MAPS=0``) turns it off. The executable is still checked against ONNX Runtime running
+it is. ``config.move_linear_maps`` (``KORCH_MOVE_LINEAR_MAPS=0``) turns both off. The executable is still checked against ONNX Runtime running
 the model as given.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from onnx import NodeProto, helper
 
 from korch import config
-from korch.frontend.graph import is_op, reads
+from korch.frontend.graph import attributes, is_op, reads
 
 Shapes = dict[str, tuple[tuple[int, ...] | None, str | None]]
 
@@ -66,19 +66,20 @@ def move_linear_maps(nodes: list[NodeProto], outputs: list[str], constants: dict
             continue
         label = conv.name or conv.output[0]
         weight = constants[conv.input[1]]
-        concat = _concat_read_by(conv, producer, readers, shapes)
+        concat = _concat_read_by(conv, producer, readers, shapes, weight.ndim)
         moved = [_movable_resize(producer.get(part), readers, constants, shapes, weight.shape[0])
                  for part in concat.input] if concat is not None else []
-        projection = _projection_read_by(conv, producer, readers, constants, shapes) if not any(moved) else None
         if any(moved):
             added += _split(conv, concat, moved, weight, constants, shapes, fresh)
             removed.update({id(conv), id(concat)} | {id(resize) for resize in moved if resize is not None})
             done.append(f"1x1 Conv '{label}' split over its {len(moved)} concatenated inputs, "
                         f"{sum(r is not None for r in moved)} moved before their upsampling Resize")
-        elif projection is not None:
+            continue
+        projection = _projection_read_by(conv, producer, readers, constants, shapes)
+        if projection is not None:
             added += _fold(conv, projection, constants, shapes, fresh)
-            removed.update({id(conv)} | {id(node) for node in projection if node is not None})
-            matmul = projection[0].name or projection[0].output[0]
+            removed.update({id(conv)} | {id(node) for node in projection.nodes})
+            matmul = projection.matmul.name or projection.matmul.output[0]
             done.append(f"1x1 Conv '{label}' folded into the MatMul '{matmul}' that projects its tokens")
     if not added:
         return nodes, []
@@ -92,23 +93,21 @@ def _plain_pointwise_conv(conv: NodeProto, constants) -> bool:
     if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in constants:
         return False
     weight = constants[conv.input[1]]
-    attrs = _attrs(conv)
+    attrs = attributes(conv)
     return (weight.ndim >= 3 and all(k == 1 for k in weight.shape[2:]) and attrs.get("group", 1) == 1
             and all(s == 1 for s in attrs.get("strides", [1])) and not any(attrs.get("pads", [0]))
             and attrs.get("auto_pad", b"NOTSET") in (b"NOTSET", b"VALID"))
 
 
-def _concat_read_by(conv: NodeProto, producer, readers, shapes) -> NodeProto | None:
-    """The channel Concat a plain 1x1 convolution reads, where only that convolution reads it."""
+def _concat_read_by(conv: NodeProto, producer, readers, shapes, rank: int) -> NodeProto | None:
+    """The channel Concat a plain 1x1 convolution (of ``rank``-d values) reads, where only that convolution reads
+    it and every part's shape is known."""
     concat = producer.get(conv.input[0])
     if concat is None or not is_op(concat, "Concat") or readers.get(concat.output[0]) != 1:
         return None
-    rank = len(shapes.get(conv.input[0], ((),))[0] or ())
-    axis = _attrs(concat).get("axis")
+    axis = attributes(concat).get("axis")
     parts = [shapes.get(part, (None, None))[0] for part in concat.input]
-    if not rank or axis is None or axis % rank != 1 or len(parts) < 2:
-        return None
-    if any(p is None or len(p) != rank for p in parts):
+    if axis is None or axis % rank != 1 or len(parts) < 2 or any(p is None or len(p) != rank for p in parts):
         return None
     return concat
 
@@ -117,7 +116,7 @@ def _movable_resize(resize: NodeProto | None, readers, constants, shapes, out_ch
     """``resize`` where a 1x1 convolution to ``out_channels`` can move before it and is cheaper there."""
     if resize is None or not is_op(resize, "Resize") or readers.get(resize.output[0]) != 1:
         return None
-    attrs = _attrs(resize)
+    attrs = attributes(resize)
     exact = (attrs.get("mode", b"nearest") in (b"nearest", b"linear") and not attrs.get("antialias", 0)
              and attrs.get("coordinate_transformation_mode", b"half_pixel") != b"tf_crop_and_resize"
              and attrs.get("keep_aspect_ratio_policy", b"stretch") == b"stretch")
@@ -169,64 +168,79 @@ def _split(conv: NodeProto, concat: NodeProto, moved: list[NodeProto | None], we
     return new
 
 
-def _projection_read_by(conv: NodeProto, producer, readers, constants, shapes) -> list[NodeProto] | None:
-    """[MatMul, Add or None, Transpose, Reshape]: the token projection ``conv`` reads as a map, each node read only
-    by the next, where folding ``conv`` into it saves multiply-adds."""
-    chain, name = [], conv.input[0]
-    for op in ("Reshape", "Transpose", "Add", "MatMul"):
-        node = producer.get(name)
-        if node is None or readers.get(name) != 1:
-            return None
-        if not is_op(node, op):
-            if op != "Add":
-                return None
-            chain.append(None)  # no bias
-            continue
-        chain.append(node)
-        name = node.input[0]
-        if op == "Add":  # the bias is the constant operand, on either side
-            name = next((x for x in node.input if x not in constants), None)
-            bias = next((x for x in node.input if x in constants), None)
-            if name is None or bias is None:
-                return None
-    reshape, transpose, add, matmul = chain
-    tokens, grid = shapes.get(transpose.input[0], (None, None))[0], shapes.get(reshape.output[0], (None, None))[0]
-    if (list(_attrs(transpose).get("perm", [])) != [0, 2, 1] or matmul.input[1] not in constants
-            or constants[matmul.input[1]].ndim != 2 or tokens is None or grid is None or len(tokens) != 3
-            or grid[:2] != (tokens[0], tokens[2]) or math.prod(grid[2:]) != tokens[1]):
+class _Projection(NamedTuple):
+    """A token projection laid out as a map: ``MatMul`` by a constant, an ``Add`` of the constant ``bias`` (or
+    none), a ``Transpose`` of tokens and channels, a ``Reshape`` into pixels; ``nodes``, all of them."""
+
+    matmul: NodeProto
+    bias: str | None
+    reshape: NodeProto
+    nodes: tuple[NodeProto, ...]
+
+
+def _projection_read_by(conv: NodeProto, producer, readers, constants, shapes) -> _Projection | None:
+    """The token projection ``conv`` reads as a map, each node read only by the next, where folding ``conv``
+    into it saves multiply-adds."""
+    reshape = producer.get(conv.input[0])
+    if not _sole_reader(reshape, "Reshape", conv.input[0], readers):
         return None
-    bias = constants[next(x for x in add.input if x in constants)] if add is not None else None
-    if bias is not None and (bias.size != tokens[2] or bias.shape[-1] != tokens[2]):
+    transpose = producer.get(reshape.input[0])
+    if not _sole_reader(transpose, "Transpose", reshape.input[0], readers):
+        return None
+    tokens, bias, nodes = transpose.input[0], None, [reshape, transpose]
+    add = producer.get(tokens)
+    if _sole_reader(add, "Add", tokens, readers):  # a bias: the constant operand, on either side
+        consts = [x for x in add.input if x in constants]
+        if len(consts) != 1:
+            return None
+        bias, tokens = consts[0], next(x for x in add.input if x not in constants)
+        nodes.append(add)
+    matmul = producer.get(tokens)
+    if not _sole_reader(matmul, "MatMul", tokens, readers) or matmul.input[1] not in constants:
+        return None
+    weight = constants[matmul.input[1]]
+    token_shape = shapes.get(transpose.input[0], (None, None))[0]
+    grid = shapes.get(reshape.output[0], (None, None))[0]
+    if (list(attributes(transpose).get("perm", [])) != [0, 2, 1] or weight.ndim != 2 or token_shape is None
+            or grid is None or len(token_shape) != 3 or grid[:2] != (token_shape[0], token_shape[2])
+            or math.prod(grid[2:]) != token_shape[1]):
+        return None
+    channels = token_shape[2]
+    if bias is not None and (constants[bias].size != channels or constants[bias].shape[-1] != channels):
         return None  # a bias that is not one per channel
-    inner, channels = constants[matmul.input[1]].shape
-    out_channels = constants[conv.input[1]].shape[0]
+    inner, out_channels = weight.shape[0], constants[conv.input[1]].shape[0]
     if inner * out_channels >= inner * channels + channels * out_channels:
         return None
-    return [matmul, add, transpose, reshape]
+    return _Projection(matmul, bias, reshape, (*nodes, matmul))
 
 
-def _fold(conv: NodeProto, projection: list, constants: dict[str, np.ndarray], shapes: Shapes,
+def _sole_reader(node: NodeProto | None, op: str, value: str, readers) -> bool:
+    """Whether ``node`` is an ``op`` whose output ``value`` one node alone reads."""
+    return node is not None and is_op(node, op) and readers.get(value) == 1
+
+
+def _fold(conv: NodeProto, projection: _Projection, constants: dict[str, np.ndarray], shapes: Shapes,
           fresh) -> list[NodeProto]:
     """The projection with ``conv``'s weights folded in, writing ``conv``'s output."""
-    matmul, add, transpose, reshape = projection
+    matmul, bias_name, reshape = projection.matmul, projection.bias, projection.reshape
     conv_weight = constants[conv.input[1]]
+    conv_bias = conv.input[2] if len(conv.input) > 2 else ""
     mix = conv_weight.reshape(conv_weight.shape[:2]).astype(np.float64).T  # channels -> out channels
     weight = fresh(f"{matmul.input[1]}_folded")
     constants[weight] = (constants[matmul.input[1]].astype(np.float64) @ mix).astype(conv_weight.dtype)
-    bias = np.zeros(mix.shape[1])
-    if add is not None:
-        bias += constants[next(x for x in add.input if x in constants)].astype(np.float64).reshape(-1) @ mix
-    if len(conv.input) > 2 and conv.input[2]:
-        bias += constants[conv.input[2]].astype(np.float64)
     out = conv.output[0]
     projected = fresh(f"{out}_tokens")
     new = [helper.make_node("MatMul", [matmul.input[0], weight], [projected],
                             name=fresh(f"{matmul.name or 'matmul'}_folded"))]
-    if add is not None or (len(conv.input) > 2 and conv.input[2]):
-        biased = fresh(f"{out}_biased")
-        bias_name = fresh(f"{out}_bias")
-        constants[bias_name] = bias.astype(conv_weight.dtype)
-        new.append(helper.make_node("Add", [projected, bias_name], [biased], name=fresh(f"{out}_add")))
+    if bias_name or conv_bias:
+        bias = np.zeros(mix.shape[1])
+        if bias_name:
+            bias += constants[bias_name].astype(np.float64).reshape(-1) @ mix
+        if conv_bias:
+            bias += constants[conv_bias].astype(np.float64)
+        biased, folded_bias = fresh(f"{out}_biased"), fresh(f"{out}_bias")
+        constants[folded_bias] = bias.astype(conv_weight.dtype)
+        new.append(helper.make_node("Add", [projected, folded_bias], [biased], name=fresh(f"{out}_add")))
         projected = biased
     swapped = fresh(f"{out}_channels_first")
     new.append(helper.make_node("Transpose", [projected], [swapped], name=fresh(f"{out}_transpose"),
@@ -245,7 +259,7 @@ def _resize_of(resize: NodeProto, source: str, out: str, channels: int, constant
     sizes = resize.input[3] if len(resize.input) > 3 else ""
     if sizes:
         rank = len(shapes[resize.input[0]][0])
-        axes = _attrs(resize).get("axes", range(rank))  # sizes lists the axes named (opset 18), or all
+        axes = attributes(resize).get("axes", range(rank))  # sizes lists the axes named (opset 18), or all
         values = constants[sizes].astype(np.int64).copy()
         values[[i for i, axis in enumerate(axes) if axis % rank == 1]] = channels
         inputs[3] = fresh(f"{sizes}_channels{channels}")
@@ -253,7 +267,3 @@ def _resize_of(resize: NodeProto, source: str, out: str, channels: int, constant
     node = helper.make_node("Resize", inputs, [out], name=fresh(resize.name or "resize"))
     node.attribute.extend(resize.attribute)
     return node
-
-
-def _attrs(node: NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}

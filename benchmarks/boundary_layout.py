@@ -28,14 +28,13 @@ def compare(outdir: Path, model: str, rounds: int, calls: int) -> dict:
     import torch
 
     from korch import zoo
-    from korch.orchestrate.plan import Plan
     from korch.runtime import bundle, unit
     from korch.runtime.selfcheck import seeded_inputs
     from interleaved_ort import interleaved_ms, ort_session
 
     manifest = json.loads((outdir / "manifest.json").read_text())
-    graph = bundle.graph_from_bytes((outdir / "graph.json").read_bytes(), (outdir / "weights.npz").read_bytes())
-    plan = Plan.from_bytes((outdir / "plan.json").read_bytes())
+    graph = bundle.read_graph(outdir)
+    plan = bundle.read_plan(outdir)
     variant = unit.chosen_variant(manifest["unit"])  # its boundary layout is replaced by each of the two below
     units = [unit.CompiledUnit.from_bytes(unit.compile_unit(
         graph, plan, "cpu", dataclasses.replace(variant, channels_last_boundaries=layout))) for layout in (False, True)]

@@ -41,7 +41,6 @@ def main(argv=None) -> int:
 
     from korch import bench, heap
     from korch.backends import ort_gemm
-    from korch.orchestrate.plan import Plan
     from korch.runtime import bundle, unit
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -52,7 +51,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     heap.keep_freed_memory()  # as the unit runs
     graph = bundle.read_graph(args.outdir)
-    plan = Plan.from_bytes((args.outdir / "plan.json").read_bytes())
+    plan = bundle.read_plan(args.outdir)
     choice = json.loads((args.outdir / "manifest.json").read_text())["unit"]
     variant = unit.chosen_variant(choice)
     if variant.ort_kernels:

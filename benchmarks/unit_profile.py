@@ -52,7 +52,6 @@ def main(argv=None) -> int:
     from korch.backends import ort_gemm
     from korch.backends.base import stored_as
     from korch.backends.check import random_inputs
-    from korch.orchestrate.plan import Plan
     from korch.runtime import bundle, unit
     from korch.runtime.build import kernel_graphs, rebuild
 
@@ -63,7 +62,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     heap.keep_freed_memory()  # as the unit and the search's workers run
     graph = bundle.read_graph(args.outdir)
-    plan = Plan.from_bytes((args.outdir / "plan.json").read_bytes())
+    plan = bundle.read_plan(args.outdir)
     choice = json.loads((args.outdir / "manifest.json").read_text())["unit"]
     variant = unit.chosen_variant(choice)
     with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):

@@ -29,12 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 _COMPILE = """
 import json, sys
 from pathlib import Path
-from korch.orchestrate.plan import Plan
 from korch.runtime import unit
-from korch.runtime.bundle import read_graph
+from korch.runtime.bundle import read_graph, read_plan
 out, dest = Path(sys.argv[1]), sys.argv[2]
 variant = unit.chosen_variant(dict(json.loads((out / "manifest.json").read_text())["unit"]))
-Path(dest).write_bytes(unit.compile_unit(read_graph(out), Plan.from_bytes((out / "plan.json").read_bytes()), "cpu", variant))
+Path(dest).write_bytes(unit.compile_unit(read_graph(out), read_plan(out), "cpu", variant))
 """
 
 

@@ -35,7 +35,6 @@ def main(argv=None) -> int:
     from korch.backends.measure import calling_cost_s
     from korch.backends.registry import backends_for
     from korch.backends.timing import rotation_sets, time_kernel
-    from korch.orchestrate.plan import Plan
     from korch.runtime import bundle
     from korch.runtime.build import kernel_graphs
     from korch.runtime.selfcheck import seeded_inputs
@@ -49,7 +48,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     heap.keep_freed_memory()  # kernels are timed on the heap the search times them on, and the unit runs on
     graph = bundle.read_graph(args.outdir)
-    plan = Plan.from_bytes((args.outdir / "plan.json").read_bytes())
+    plan = bundle.read_plan(args.outdir)
     backends = {b.name: b for b in backends_for("cpu")}
     calling = {name: calling_cost_s(b, "cpu") for name, b in backends.items()}
     arena = RandomArena("cpu")

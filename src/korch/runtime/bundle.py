@@ -188,3 +188,10 @@ def graph_from_bytes(graph_json: bytes, weights_npz: bytes) -> Graph:
 def read_graph(outdir: str | os.PathLike) -> Graph:
     outdir = Path(outdir)
     return graph_from_bytes((outdir / "graph.json").read_bytes(), (outdir / "weights.npz").read_bytes())
+
+
+def read_plan(outdir: str | os.PathLike):
+    """The plan an OUTDIR's executable was built from (``plan.json``), unverified, for benchmarks and tools."""
+    from korch.orchestrate.plan import Plan
+
+    return Plan.from_bytes((Path(outdir) / "plan.json").read_bytes())

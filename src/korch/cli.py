@@ -147,7 +147,9 @@ def cmd_optimize(args) -> int:
     if measurement:
         print(f"measured {measurement['kernels_measured']} kernels ({measurement['signatures_asked']} distinct "
               f"candidates asked, {measurement['from_database']} answered by the database "
-              f"{measurement['device']}); {len(measurement['failures'])} kernels failed and were dropped")
+              f"{measurement['device']}); {len(measurement['failures'])} kernels failed and were dropped"
+              + (f"; {measurement['in_place']['planned_kernels']} planned kernels priced in place"
+                 if "in_place" in measurement else ""))
     if result.executable is None:
         why = "as asked (--plan-only)" if args.plan_only else f"no {plan.target} device here"
         print(f"wrote {out / 'plan.json'}, {out / 'report.md'} and {out / 'report.html'}; "

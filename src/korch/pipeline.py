@@ -177,18 +177,19 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
             graph, candidates, max_segment_nodes=config.max_segment_nodes)
     with stage("lower bounds"):
         bounds = candidate_bounds(graph, candidates.candidates, device)
-    measurer = None
+    measurer = in_place = None
     if cost == "measured":
         from korch.backends.db import ProfileDB
         from korch.backends.measure import KernelMeasurer
 
         measurer = KernelMeasurer(graph, candidates.candidates, bounds, target=target,
                                   db=ProfileDB(str(db) if db else None), jobs=jobs, on_kernel=progress.on_kernel)
+        in_place = _in_place_timer(measurer, graph, candidates.candidates, device)
     try:
         with stage("measure and solve" if measurer else "solve"):
             kernels, segment_reports, conversions = solve_segments(
                 graph, candidates, segments, bounds, time_limit, progress.on_segment, measurer,
-                conversion_cost=_conversion_cost(graph, device, measurer))
+                conversion_cost=_conversion_cost(graph, device, measurer), in_place=in_place)
     finally:
         if measurer is not None:
             measurer.close()
@@ -201,6 +202,11 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
             "solves": sum(r.solves for r in segment_reports), "proofs": sum(r.proofs for r in segment_reports),
             "solve_s": math.fsum(r.solve_s for r in segment_reports),
             "dominated": sum(r.dominated for r in segment_reports)}
+        if in_place is not None:
+            stats["measurement"]["in_place"] = {
+                "sequences": in_place.sequences, "kernels_timed": in_place.timed, "seconds": in_place.seconds,
+                "kernels_built": in_place.built, "build_s": in_place.build_s,
+                "planned_kernels": sum(r.timed_in_place for r in segment_reports)}
         _warn_if_disturbed(stats["measurement"])
     if layouts:
         stats["layouts"] = "chosen"
@@ -218,6 +224,29 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
         return result
     return _build_check_write(result, target, device_for(target), Path(output), stage, progress,
                               config.compiled_unit if compiled_unit is None else compiled_unit, check)
+
+
+def _in_place_timer(measurer, graph, candidates, device):
+    """The timer that prices an optimum's kernels in sequence (``backends/in_place.py``), on a CPU (a GPU
+    executable replays a CUDA graph, timed otherwise): always with ``KORCH_IN_PLACE=on``; by default (``auto``)
+    where some candidate's values overflow the last-level cache. Where they fit, a kernel alone on warm inputs
+    runs as it does in the executable (YOLOX-Nano's, Candy's and the BERT layer's plans), and the sequences
+    would only cost time; where they overflow, it runs faster alone (Segformer-B0's 64 MiB values)."""
+    from korch import config
+    from korch.backends.in_place import InPlaceTimer
+
+    if measurer.device != "cpu" or config.in_place == "off":
+        return None
+    if config.in_place != "on" and not _overflows_cache(graph, candidates, device.cache_bytes):
+        return None
+    return InPlaceTimer(measurer)
+
+
+def _overflows_cache(graph, candidates, cache_bytes: int) -> bool:
+    """Whether some candidate reads and writes more bytes of values (not constants) than the cache holds."""
+    def values(c) -> int:
+        return sum(graph.tensors[t].nbytes for t in {*c.inputs, *c.outputs} if t not in graph.constants)
+    return cache_bytes > 0 and any(values(c) > cache_bytes for c in candidates)
 
 
 def _warn_if_disturbed(measurement: dict) -> None:

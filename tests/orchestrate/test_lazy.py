@@ -216,3 +216,32 @@ def test_a_stopped_proof_names_every_cheaper_plans_flagged_columns_and_goes_on_a
     assert not interrupted()  # it goes on a moment to meet more cheaper plans
     clock[0] += solver_module.STOP_AFTER_S
     assert interrupted()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_priced_in_place_the_plan_is_the_optimum_of_the_in_place_latencies(seed):
+    p, bounds = setup(seed)
+    oracle = Oracle(bounds, seed)
+    factor = np.random.default_rng(seed + 100).uniform(1, 2, len(bounds))  # in place: 1-2x the time alone
+    sequences = []
+
+    def in_place(order):
+        sequences.append(list(order))
+        assert all(c in oracle.asked for c in order)  # a plan runs in sequence once all its kernels are measured
+        return {c: oracle.latency[c] * factor[c] for c in order}
+
+    result = solve_lazily(p, bounds, oracle, in_place=in_place)
+    everything = solve(dataclasses.replace(p, costs=tuple(l * f for l, f in zip(oracle.latency, factor))))
+    assert result.solution.optimal
+    assert result.solution.objective == pytest.approx(everything.objective, rel=1e-9)
+    assert set(result.solution.order) <= set(result.placed) and result.sequences == len(sequences) >= 1
+    assert all(result.placed[c] == pytest.approx(oracle.latency[c] * factor[c]) for c in result.placed)
+
+
+def test_a_sequence_that_does_not_run_leaves_the_times_alone_in_force():
+    p, bounds = setup(0)
+    oracle = Oracle(bounds, 0)
+    result = solve_lazily(p, bounds, oracle, in_place=lambda order: {})
+    alone = solve(dataclasses.replace(p, costs=tuple(oracle.latency)))
+    assert result.solution.objective == pytest.approx(alone.objective, rel=1e-9)
+    assert result.placed == {} and result.sequences == 0

@@ -9,6 +9,13 @@ step, and only the last round must prove the optimum; a proof that fails measure
 first). That plan is optimal for the true latencies (the argument is
 in docs/orchestration.md), usually after measuring a small part of the
 candidates. The solver keeps its model and cuts between rounds.
+
+With ``in_place`` a second tier prices the kernels as they run in sequence
+(``backends/in_place.py``): a time alone is a floor of that price, so once a
+plan selects only measured kernels, those not yet priced in place are run in
+the plan's order and priced by what they took there, and the search goes on
+until the plan selects only kernels priced in place (docs/orchestration.md,
+"Priced in place").
 """
 
 from __future__ import annotations
@@ -59,12 +66,15 @@ class LazyResult:
     solve_s: float = 0.0         # seconds in them
     proofs: int = 0              # of them, rounds of branch and cut (the rest: the relaxation's dive)
     dominated: int = 0           # columns the last solve left out: measured columns replace them (dominance.py)
+    placed: dict[int, float] = dataclasses.field(default_factory=dict)  # latencies in place (``in_place``)
+    sequences: int = 0           # calls of ``in_place``
 
 
 def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, *,
                  measured: Mapping[int, float] | None = None, time_limit: float | None = None,
                  first: Sequence[bool] | None = None,
-                 on_round: Callable[[int, int], None] | None = None) -> LazyResult:
+                 on_round: Callable[[int, int], None] | None = None,
+                 in_place: Callable[[Sequence[int]], Mapping[int, float]] | None = None) -> LazyResult:
     """The cheapest executable plan under measured latencies, measuring as few candidates as it can.
 
     ``problem.costs`` is ignored: a candidate costs ``measured[c]`` when known
@@ -82,6 +92,11 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     gives way to a better one (measured next) before any proof completes.
     ``on_round(round, count)`` is called before each round's measurement with
     the number of candidates about to be measured.
+    ``in_place(order)``: latencies of a plan's kernels (in its order) as they run
+    in sequence; a plan whose kernels are all measured has those not yet priced
+    so priced (each keeps its first such price), and only a plan of kernels all
+    priced in place is proven and returned. An empty answer (the sequence did not
+    run) leaves the times alone in force from then on.
     """
     if len(bounds) != len(problem.costs):
         raise ValueError(f"{len(bounds)} bounds for {len(problem.costs)} candidates")
@@ -90,13 +105,21 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
             raise ValueError(f"candidate {c} has lower bound {bound}: bounds must be >= 0")
     known = {c: float(v) for c, v in (measured or {}).items()}
     fresh: dict[int, float] = {}
+    placed: dict[int, float] = {}
+    sequences = 0
+
+    def final(c: int) -> bool:  # priced for good: measured, and in place where kernels are priced so
+        return c in known and (in_place is None or c in placed)
+
     solver, replacements = Solver(problem), Replacements(problem)
     rounds, quick, budget, solve_s, proofs = 0, True, PROOF_BUDGET_S, 0.0, 0
     deadline = math.inf if time_limit is None else time.perf_counter() + time_limit
     lower, cheapest = 0.0, None  # the highest lower bound proved, the cheapest plan whose kernels are all measured
     while True:
         costs = [known.get(c, bound) for c, bound in enumerate(bounds)]
-        left_out = replacements.dominated(costs, known)  # measured kernels replace them: no optimum needs them
+        # measured kernels replace them: no optimum needs them (only kernels priced for good replace: a time alone
+        # may rise in place)
+        left_out = replacements.dominated(costs, known if in_place is None else placed)
         for c in left_out:
             costs[c] = math.inf
         # only the last round, whose plan is all measured, must prove its optimum; rounds before only choose what
@@ -107,20 +130,34 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         # a proving round stops at a better plan that selects unmeasured kernels: measuring them comes first
         # (Candy's layout program: rounds of branch and cut were most of a 10-minute search)
         solution = solver.solve(costs, time_limit=None if math.isinf(limit) else limit, first=first,
-                                prove=not quick, stop_for=None if quick else [c not in known for c in range(len(bounds))])
+                                prove=not quick, stop_for=None if quick else [not final(c) for c in range(len(bounds))])
         rounds, solve_s, proofs = rounds + 1, solve_s + solution.seconds, proofs + (not quick)
         lower = max(lower, solution.objective * (1 - solution.gap))
         todo = [c for c in solution.order if c not in known]
+        unplaced = [c for c in solution.order if not final(c)]
+        if not todo and unplaced:  # all measured alone: price them in place, then choose again
+            timed = in_place(solution.order) if time.perf_counter() < deadline else {}
+            sequences += bool(timed)
+            if not timed:  # the sequence did not run, or the time is up: times alone stand from here on
+                in_place = None
+            else:
+                for c in unplaced:
+                    known[c] = placed[c] = max(float(timed[c]), bounds[c])
+                cheapest = _cheaper_priced(solution, known, cheapest, lower)
+            quick = True
+            continue
         if todo and not quick:  # a proof stopped at cheaper plans: measure every one's unmeasured kernels
             planned = set(todo)
             todo += [c for c in solver.flagged_seen if c not in known and c not in planned]
         if not todo:
             if solution.optimal:
-                return LazyResult(_cheaper(solution, cheapest, lower), fresh, rounds, solve_s, proofs, len(left_out))
+                return LazyResult(_cheaper(solution, cheapest, lower), fresh, rounds, solve_s, proofs, len(left_out),
+                                  placed, sequences)
             if time.perf_counter() >= deadline:
                 plan = _cheaper(solution, cheapest, lower)
                 best, seconds = _best_measured(solver, known, len(bounds), plan, lower)
-                return LazyResult(best, fresh, rounds, solve_s + seconds, proofs, len(left_out))
+                return LazyResult(best, fresh, rounds, solve_s + seconds, proofs, len(left_out),
+                                  placed, sequences)
             # all measured, unproven: the relaxation's unmeasured columns hold its bound down at their floors;
             # measured, they raise it toward the plan, which branch and cut then proves sooner
             todo = [] if quick else [c for c in solver.relaxed if c not in known]
@@ -137,13 +174,15 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
             if c not in answers:
                 raise OracleError(f"the cost oracle returned no latency for candidate {c}")
         for c, latency in answers.items():
-            known[c] = fresh[c] = _checked(c, latency, bounds)
-        measured_plan = _priced(solution, known)
-        if math.isfinite(measured_plan.objective):
-            cheapest = _cheaper(measured_plan, cheapest, lower)
+            fresh[c] = _checked(c, latency, bounds)
+            if c not in placed:  # a twin priced in place keeps that price
+                known[c] = fresh[c]
+        if all(final(c) for c in solution.order):
+            cheapest = _cheaper_priced(solution, known, cheapest, lower)
         if cheapest is not None and time.perf_counter() >= deadline:
             best, seconds = _best_measured(solver, known, len(bounds), _cheaper(cheapest, None, lower), lower)
-            return LazyResult(best, fresh, rounds, solve_s + seconds, proofs, len(left_out))
+            return LazyResult(best, fresh, rounds, solve_s + seconds, proofs, len(left_out),
+                              placed, sequences)
 
 
 def _best_measured(solver: Solver, known: Mapping[int, float], n: int, cheapest: Solution, lower: float) \
@@ -159,6 +198,13 @@ def _best_measured(solver: Solver, known: Mapping[int, float], n: int, cheapest:
     except InfeasibleError:  # the measured kernels cover no plan
         return cheapest, 0.0
     return _cheaper(_priced(solution, known), cheapest, lower), solution.seconds
+
+
+def _cheaper_priced(solution: Solution, known: Mapping[int, float], cheapest: Solution | None, lower: float) \
+        -> Solution | None:
+    """The cheaper of ``cheapest`` and ``solution`` at its measured latencies (when they are finite)."""
+    priced = _priced(solution, known)
+    return _cheaper(priced, cheapest, lower) if math.isfinite(priced.objective) else cheapest
 
 
 def _priced(solution: Solution, known: Mapping[int, float]) -> Solution:

@@ -62,6 +62,8 @@ class SegmentReport:
     proofs: int = 0             # of them, rounds of branch and cut
     solve_s: float = 0.0        # seconds in the solves (the rest of a measured search is measuring)
     dominated: int = 0          # columns the last solve left out: measured kernels replace them at no more cost
+    in_place_rounds: int = 0    # the optimum's kernels run in sequence this often to price them in place
+    timed_in_place: int = 0     # of the plan's kernels, those priced in place (the rest at their times alone)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

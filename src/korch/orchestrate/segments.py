@@ -6,7 +6,8 @@ measurer that builds and times the candidates an optimum could use) and
 returns the chosen candidates as ``PlannedKernel``s in an executable order,
 with one ``SegmentReport`` per segment. The measurer is any object with
 ``known``, ``measure`` and ``record_for`` (``backends.measure.KernelMeasurer``);
-this layer never builds a kernel itself.
+an in-place timer (``backends.in_place.InPlaceTimer``) prices the optimum's
+kernels as they run in sequence. This layer never builds a kernel itself.
 """
 
 from __future__ import annotations
@@ -59,11 +60,11 @@ class _SegmentOracle:
         return {c: got[self.ids[c]] for c in answered}
 
 
-def _solve_segment(problem, ids, bounds, measurer, time_limit, first):
+def _solve_segment(problem, ids, bounds, measurer, time_limit, first, in_place=None):
     """The segment's solution, with measured latencies when a measurer is given: (solution, latency by local id,
-    what the solves took: ``SegmentReport``'s solves, proofs and solve_s). Local ids past ``ids`` are layout
-    conversions, priced in ``problem.costs`` already; ``first``, the columns whose optimum starts the search
-    (``Solver.solve``)."""
+    what the solves took: ``SegmentReport``'s solves, proofs, solve_s, dominated and in-place fields). Local ids
+    past ``ids`` are layout conversions, priced in ``problem.costs`` already; ``first``, the columns whose optimum
+    starts the search (``Solver.solve``); ``in_place``, a timer of kernels in sequence (``InPlaceTimer``)."""
     if measurer is None:
         solution = solve(problem, time_limit=time_limit, first=first)
         return solution, {}, {"solves": 1, "proofs": 1, "solve_s": solution.seconds}
@@ -71,18 +72,27 @@ def _solve_segment(problem, ids, bounds, measurer, time_limit, first):
     local_bounds = [bounds[i] for i in ids] + [problem.costs[c] for c in moves]
     known = measurer.known(ids)
     measured = {c: known[i] for c, i in enumerate(ids) if i in known} | {c: problem.costs[c] for c in moves}
+
+    def in_sequence(order):  # the plan's kernels timed in its order; its conversions keep their prices
+        timed = in_place.time([ids[c] for c in order if c < len(ids)])
+        return timed and {c: timed[ids[c]] if c < len(ids) else problem.costs[c] for c in order}
+
     result = solve_lazily(problem, local_bounds, _SegmentOracle(measurer, ids), measured=measured,
-                          time_limit=time_limit, first=first)
-    return result.solution, {**measured, **result.measured}, {"solves": result.rounds, "proofs": result.proofs,
-                                                              "solve_s": result.solve_s, "dominated": result.dominated}
+                          time_limit=time_limit, first=first, in_place=in_sequence if in_place else None)
+    solving = {"solves": result.rounds, "proofs": result.proofs, "solve_s": result.solve_s,
+               "dominated": result.dominated, "in_place_rounds": result.sequences,
+               "timed_in_place": sum(c in result.placed for c in result.solution.order if c < len(ids))}
+    return result.solution, {**measured, **result.measured, **result.placed}, solving
 
 
 def solve_segments(graph: Graph, candidates: CandidateSet, segments: Sequence[Segment], bounds: Sequence[float],
                    time_limit: float | None, on_segment: Callable[[int, int], None] | None = None,
-                   measurer=None, conversion_cost: Callable[[Conversion], float] | None = None) \
+                   measurer=None, conversion_cost: Callable[[Conversion], float] | None = None, in_place=None) \
         -> tuple[list[PlannedKernel], list[SegmentReport], list[PlannedConversion]]:
     """The plan's kernels in execution order, a report per segment (``time_limit``: seconds for all), and the
-    layout conversions chosen (``conversion_cost`` prices them, when candidates have layout columns)."""
+    layout conversions chosen (``conversion_cost`` prices them, when candidates have layout columns). ``in_place``
+    (with a measurer): ``time(candidate_ids)`` times kernels in that order, in sequence, and the optimum is priced
+    in place (``_solve_segment``)."""
     deadline = None if time_limit is None else time.perf_counter() + time_limit
     kernels: list[PlannedKernel] = []
     reports: list[SegmentReport] = []
@@ -93,7 +103,7 @@ def solve_segments(graph: Graph, candidates: CandidateSet, segments: Sequence[Se
         problem, ids, conversions = segment_problem(graph, candidates, segment, bounds, conversion_cost)
         remaining = None if deadline is None else max(deadline - time.perf_counter(), 0.5)
         solution, latencies, solving = _solve_segment(problem, ids, bounds, measurer, remaining,
-                                                      contiguous_columns(candidates, ids, conversions))
+                                                      contiguous_columns(candidates, ids, conversions), in_place)
         for local in solution.order:
             if local >= len(ids):
                 move = conversions[local - len(ids)]

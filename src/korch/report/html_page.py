@@ -27,6 +27,7 @@ from korch.ir.graph import Graph
 from korch.ir.ops import Kind, Op
 from korch.orchestrate.plan import Plan, PlannedKernel
 from korch.report.drawing import kernel_colour, kernels_by_node, render_svg
+from korch.report.markdown import in_place_summary
 
 
 def _e(value) -> str:
@@ -136,6 +137,7 @@ def _measurement(m: dict | None) -> str:
              ("builds checked and timed", _e(m.get("kernels_measured", "?"))),
              ("search cost", _e(f"{m.get('measured_share', 0):.0%} of {m.get('signatures', '?')} distinct kernels; "
                                 f"{m.get('build_s', 0):.1f} s building, {m.get('timing_s', 0):.1f} s timing")),
+             *([("priced in place", _e(in_place_summary(m["in_place"])))] if "in_place" in m else []),
              ("below their bound (raised)", _e(m.get("below_bound", 0))),
              ("timed beside other processes (may read slow)", _e(m.get("disturbed", 0))),
              ("failed kernels (dropped)", f"<b>{len(m.get('failures', []))}</b>")]

@@ -28,6 +28,7 @@ def _measurement(m: dict | None) -> list[str]:
                 f"{m['solve_s']:.1f} s" if "solves" in m else "")
              + (f"; {m['dominated']} candidates left out of the last, measured kernels replacing them at no more "
                 "cost" if m.get("dominated") else ""),
+             *([f"- priced in place: {in_place_summary(m['in_place'])}"] if "in_place" in m else []),
              f"- measurements below their lower bound (raised to it): {m['below_bound']}",
              f"- kernels timed while other processes held the CPU cores (may read slow): {m.get('disturbed', 0)}",
              *([f"- kernels timed inside a replayed CUDA graph: {m['timed_in_graph']} of {m['kernels_measured']} "
@@ -39,6 +40,13 @@ def _measurement(m: dict | None) -> list[str]:
                   *(f"| `{f['signature'][:12]}` | {f['ops']} | {f['backend']} | {f['status']} | "
                     f"{f['message'].replace('|', '/')} |" for f in m["failures"])]
     return lines
+
+
+def in_place_summary(p: dict) -> str:
+    """What pricing the optimum's kernels in sequence took (``backends/in_place.py``)."""
+    return (f"{p['planned_kernels']} planned kernels at their times in sequence; {p['sequences']} sequences run, "
+            f"{p['kernels_timed']} kernel timings, {p.get('kernels_built', '?')} kernels built here; "
+            f"{p['seconds']:.1f} s ({p.get('build_s', 0):.1f} s building)")
 
 
 def _executable(x: dict | None) -> list[str]:

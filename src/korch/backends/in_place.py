@@ -1,0 +1,101 @@
+"""Costs measured in place: a plan's kernels run in their order on the values they pass each other, each call timed.
+
+A measured search times a kernel alone, call after call on one input set, so its inputs, its weights and the
+memory its outputs go to are all in the cache. In an executable a kernel reads what its producer has just
+written, its weights were last read a whole inference ago, and its outputs land in blocks other values left
+cold. Where a model's values overflow the cache that differs by far: Segformer-B0's 213 planned kernels summed
+54.7 ms timed alone and 78.5 ms run in sequence, and its compiled unit ran 76.2 ms (``benchmarks/in_sequence.py``).
+No single way of timing a kernel alone serves every model (flushing the cache first summed 80.3 ms there, but 28 ms
+for YOLOX-Nano's kernels, which run in 17 ms in sequence: its values fit the cache).
+
+So the search prices the kernels an optimum selects in place (``orchestrate/segments.py``): ``InPlaceTimer.time``
+builds them (from the compilers' caches the measurement filled) in this process, runs them in the plan's order
+``SEQUENCE_RUNS`` times on random values for what enters from outside, each kernel on its producers' outputs
+converted to the layout it reads, and gives each kernel its median call less its backend's calling cost.
+Alone-times stay the floors of in-place times for the kernels no plan has run in place yet.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+from korch.backends.base import stored_as
+from korch.backends.check import RandomArena
+from korch.ir.graph import Graph
+
+# runs of a plan's sequence; the first is not timed (it warms the allocator and the kernels' first calls)
+SEQUENCE_RUNS = 6
+
+
+class InPlaceTimer:
+    """Times a measurer's candidates in sequence (``time``); built kernels are kept for later sequences."""
+
+    def __init__(self, measurer):
+        self.measurer = measurer
+        self._built: dict[int, tuple[Graph, object, str]] = {}  # candidate id -> kernel graph, built, backend
+        self._arena = RandomArena(measurer.device)
+        self.sequences = 0          # sequences timed
+        self.timed = 0              # kernel timings taken in place
+        self.seconds = 0.0          # building and running them
+        self.built = 0              # kernels built here
+        self.build_s = 0.0          # of ``seconds``, building them
+
+    def time(self, candidate_ids: Sequence[int]) -> dict[int, float]:
+        """Seconds per candidate, run in the order given (an executable order: each value written before it is
+        read, or from outside the sequence); empty when a kernel cannot be built or run here (the alone-times
+        then stand)."""
+        start = time.perf_counter()
+        try:
+            kernels = [self.build(c) for c in candidate_ids]
+            seconds = self._run(kernels)
+        except Exception:  # noqa: BLE001 - a kernel that ran alone but not here leaves the alone-times in force
+            return {}
+        finally:
+            self.seconds += time.perf_counter() - start
+        self.sequences += 1
+        self.timed += len(candidate_ids)
+        return {c: max(statistics.median(s) - self.measurer.calling_s(backend), 0.0)
+                for c, s, (_, _, backend) in zip(candidate_ids, seconds, kernels)}
+
+    def build(self, candidate_id: int) -> tuple[Graph, object, str]:
+        """The candidate's kernel graph, its kernel built by the backend its measurement chose, that backend's name."""
+        if candidate_id not in self._built:
+            record = self.measurer.record_for(candidate_id)
+            if record is None:
+                raise LookupError(f"candidate {candidate_id} has no measured kernel")
+            backend = next(b for b in self.measurer.backends if b.name == record.backend)
+            kernel = self.measurer.kernel_graph(candidate_id)
+            start = time.perf_counter()
+            self._built[candidate_id] = kernel, backend.build(kernel, self.measurer.device), record.backend
+            self.built, self.build_s = self.built + 1, self.build_s + time.perf_counter() - start
+        return self._built[candidate_id]
+
+    def _run(self, kernels) -> list[list[float]]:
+        self._arena.reset()
+        outside: dict[str, torch.Tensor] = {}  # values from outside the sequence: the same random ones every run
+        seconds: list[list[float]] = [[] for _ in kernels]
+        with torch.inference_mode():
+            for run in range(SEQUENCE_RUNS):
+                values: dict[str, torch.Tensor] = {}
+                for (kernel, built, _), spent in zip(kernels, seconds):
+                    inputs = [self._input(kernel, name, values, outside) for name in kernel.inputs]
+                    begin = time.perf_counter()
+                    result = built(*inputs)
+                    elapsed = time.perf_counter() - begin
+                    if run:
+                        spent.append(elapsed)
+                    results = result if isinstance(result, (list, tuple)) else (result,)
+                    values.update(zip(kernel.outputs, results))
+        return seconds
+
+    def _input(self, kernel: Graph, name: str, values: dict, outside: dict) -> torch.Tensor:
+        tensor = kernel.tensors[name]
+        if name not in values:
+            if name not in outside:
+                outside[name] = self._arena.take(tensor.dtype, tensor.shape, tensor.layout)
+            return outside[name]
+        return stored_as(values[name], tensor.layout)  # a copy where the plan converts it, priced apart, untimed

@@ -1,0 +1,109 @@
+"""Kernels timed in place: run in the plan's order on the values they pass each other, in the layouts they read."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from korch import config
+from korch.backends.in_place import SEQUENCE_RUNS, InPlaceTimer
+from korch.ir import Op
+from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS
+from korch.ir.subgraph import extract
+from korch.orchestrate.candidates import enumerate_candidates
+from korch.pipeline import _overflows_cache, optimize
+from korch.report.markdown import render_markdown
+from tests.backends.test_measure import _model
+from tests.orchestrate.test_candidates import _graph
+
+
+class Recording:
+    """A backend whose kernels record the tensors they are called with and return a fresh output of each kind."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.calls: list[tuple[str, list[torch.Tensor], list[torch.Tensor]]] = []
+
+    def build(self, kernel, device):
+        def run(*inputs):
+            outputs = [torch.full(tuple(kernel.tensors[o].shape), float(len(self.calls))) for o in kernel.outputs]
+            if kernel.tensors[kernel.outputs[0]].layout == CHANNELS_LAST:
+                outputs = [o.contiguous(memory_format=torch.channels_last) for o in outputs]
+            self.calls.append((kernel.name, list(inputs), outputs))
+            return outputs if len(outputs) > 1 else outputs[0]
+        return run
+
+
+def _measurer(kernels, backend, failing=()):
+    return SimpleNamespace(device="cpu", backends=[backend], kernel_graph=lambda c: kernels[c],
+                           record_for=lambda c: None if c in failing else SimpleNamespace(backend=backend.name),
+                           calling_s=lambda name: 0.0)
+
+
+def _chain():
+    """relu -> exp -> neg on an image, cut into three kernels: the middle one reads and writes channels-last."""
+    g, b = _graph((1, 4, 3, 3))
+    a = b.emit(Op.RELU, "in0")
+    e = b.emit(Op.EXP, a)
+    n = b.emit(Op.NEG, e)
+    g.outputs = [n]
+    return [extract(g, [0], ["in0"], [a], name="k0"),
+            extract(g, [1], [a], [e], name="k1", layout=CHANNELS_LAST),
+            extract(g, [2], [e], [n], name="k2")]
+
+
+def test_each_kernel_reads_what_the_kernel_before_it_wrote_in_the_layout_it_reads():
+    kernels, backend = _chain(), Recording()
+    timer = InPlaceTimer(_measurer(kernels, backend))
+    seconds = timer.time([0, 1, 2])
+    assert set(seconds) == {0, 1, 2} and all(s >= 0 for s in seconds.values())
+    assert len(backend.calls) == 3 * SEQUENCE_RUNS and timer.sequences == 1 and timer.timed == 3
+    for run in range(SEQUENCE_RUNS):
+        (_, first_in, first_out), (_, middle_in, middle_out), (_, last_in, _) = backend.calls[3 * run:3 * run + 3]
+        assert torch.equal(middle_in[0], first_out[0]) and middle_in[0].is_contiguous(memory_format=torch.channels_last)
+        assert not first_out[0].is_contiguous(memory_format=torch.channels_last)  # converted for the reader
+        assert torch.equal(last_in[0], middle_out[0]) and last_in[0].is_contiguous()
+        assert kernels[2].tensors[kernels[2].inputs[0]].layout == CONTIGUOUS
+        if run:  # a value from outside the sequence is the same every run
+            assert first_in[0] is backend.calls[0][1][0]
+
+
+def test_a_sequence_with_a_kernel_that_cannot_be_built_here_times_nothing():
+    kernels, backend = _chain(), Recording()
+    timer = InPlaceTimer(_measurer(kernels, backend, failing={1}))
+    assert timer.time([0, 1, 2]) == {} and timer.sequences == 0
+
+
+def test_the_calling_cost_is_taken_off_each_kernel_in_place():
+    kernels, backend = _chain(), Recording()
+    measurer = _measurer(kernels, backend)
+    measurer.calling_s = lambda name: 10.0  # more than any call takes: nothing is left
+    assert InPlaceTimer(measurer).time([0, 1, 2]) == {0: 0.0, 1: 0.0, 2: 0.0}
+
+
+def test_a_measured_cpu_plan_is_priced_in_place(tmp_path):
+    model = _model()
+    with config.patch(in_place="on"):
+        plan = optimize(model, target="cpu", cost="measured", db=tmp_path / "p.sqlite").plan
+    in_place = plan.stats["measurement"]["in_place"]
+    assert in_place["sequences"] >= 1 and in_place["planned_kernels"] == len(plan.kernels)
+    assert sum(s.timed_in_place for s in plan.segments) == len(plan.kernels)
+    assert all(s.in_place_rounds == in_place["sequences"] for s in plan.segments)
+    assert plan.predicted_latency_s == pytest.approx(sum(k.cost_s for k in plan.kernels)
+                                                     + sum(c.cost_s for c in plan.conversions))
+    assert f"- priced in place: {len(plan.kernels)} planned kernels at their times in sequence" in render_markdown(plan)
+    for setting in ("off", "auto"):  # by default only where values overflow the cache: these are 2 KiB
+        with config.patch(in_place=setting):
+            alone = optimize(model, target="cpu", cost="measured", db=tmp_path / "p.sqlite").plan
+        assert "in_place" not in alone.stats["measurement"] and not any(s.in_place_rounds for s in alone.segments)
+        assert np.isfinite(alone.predicted_latency_s)
+
+
+@pytest.mark.parametrize("cache_mib, expected", [(1, True), (64, False), (0, False)])
+def test_by_default_kernels_are_priced_in_place_where_a_candidates_values_overflow_the_cache(cache_mib, expected):
+    g, b = _graph((1, 64, 64, 64))  # 1 MiB an image: a candidate of two reads and writes 3 MiB
+    g.outputs = [b.emit(Op.EXP, b.emit(Op.RELU, "in0"))]
+    candidates = enumerate_candidates(g).candidates
+    assert _overflows_cache(g, candidates, cache_mib << 20) is expected

@@ -44,7 +44,7 @@ move_linear_maps: bool = os.environ.get("KORCH_MOVE_LINEAR_MAPS", "1") != "0"
 
 # A measured CPU search prices the kernels its optimum selects as they run in sequence (backends/in_place.py),
 # not only alone: "on", "off", or "auto": where some candidate kernel's values overflow the last-level cache
-# (where alone, on warm inputs, a kernel runs faster than in the executable; docs/orchestration.md).
+# twice over (where alone, on warm inputs, a kernel runs faster than in the executable; docs/orchestration.md).
 _in_place = os.environ.get("KORCH_IN_PLACE", "auto")
 in_place: str = {"1": "on", "0": "off"}.get(_in_place, _in_place)
 

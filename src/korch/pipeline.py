@@ -226,18 +226,26 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
                               config.compiled_unit if compiled_unit is None else compiled_unit, check)
 
 
+# How many last-level caches a candidate's values must exceed for ``auto`` to price kernels in place. On the AMD
+# EPYC (34 MiB): Segformer-B0's largest candidates, 128 MiB, predicted 0.988 of the unit priced in place (0.67
+# alone); YOLOv4's, 63 MiB, 1.193 in place against 1.03-1.14 alone (its convolutions' time hardly depends on where
+# their values are); hf_segformer's, 32 MiB, 1.35 in place. BENCHMARKS.md, "costs measured in place".
+IN_PLACE_CACHES = 2
+
+
 def _in_place_timer(measurer, graph, candidates, device):
     """The timer that prices an optimum's kernels in sequence (``backends/in_place.py``), on a CPU (a GPU
     executable replays a CUDA graph, timed otherwise): always with ``KORCH_IN_PLACE=on``; by default (``auto``)
-    where some candidate's values overflow the last-level cache. Where they fit, a kernel alone on warm inputs
-    runs as it does in the executable (YOLOX-Nano's, Candy's and the BERT layer's plans), and the sequences
-    would only cost time; where they overflow, it runs faster alone (Segformer-B0's 64 MiB values)."""
+    where some candidate's values overflow the last-level cache ``IN_PLACE_CACHES`` times. Where they fit, a
+    kernel alone on warm inputs runs as it does in the executable (YOLOX-Nano's, Candy's and the BERT layer's
+    plans), and the sequence, Python calling each kernel, overstates small ones; where they overflow it far, a
+    kernel runs faster alone than in the unit (Segformer-B0's 128 MiB candidates)."""
     from korch import config
     from korch.backends.in_place import InPlaceTimer
 
     if measurer.device != "cpu" or config.in_place == "off":
         return None
-    if config.in_place != "on" and not _overflows_cache(graph, candidates, device.cache_bytes):
+    if config.in_place != "on" and not _overflows_cache(graph, candidates, IN_PLACE_CACHES * device.cache_bytes):
         return None
     return InPlaceTimer(measurer)
 

@@ -205,7 +205,7 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
         if in_place is not None:
             stats["measurement"]["in_place"] = {
                 "sequences": in_place.sequences, "kernels_timed": in_place.timed, "seconds": in_place.seconds,
-                "kernels_built": in_place.built, "build_s": in_place.build_s,
+                "kernels_built": in_place.built, "build_s": in_place.build_s, "failure": in_place.failure,
                 "planned_kernels": sum(r.timed_in_place for r in segment_reports)}
         _warn_if_disturbed(stats["measurement"])
     if layouts:

@@ -74,6 +74,7 @@ def test_a_sequence_with_a_kernel_that_cannot_be_built_here_times_nothing():
     kernels, backend = _chain(), Recording()
     timer = InPlaceTimer(_measurer(kernels, backend, failing={1}))
     assert timer.time([0, 1, 2]) == {} and timer.sequences == 0
+    assert timer.failure == "LookupError: candidate 1 has no measured kernel"
 
 
 def test_the_calling_cost_is_taken_off_each_kernel_in_place():

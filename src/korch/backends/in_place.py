@@ -25,6 +25,7 @@ import torch
 
 from korch.backends.base import stored_as
 from korch.backends.check import RandomArena
+from korch.errors import one_line
 from korch.ir.graph import Graph
 
 # runs of a plan's sequence; the first is not timed (it warms the allocator and the kernels' first calls)
@@ -43,6 +44,7 @@ class InPlaceTimer:
         self.seconds = 0.0          # building and running them
         self.built = 0              # kernels built here
         self.build_s = 0.0          # of ``seconds``, building them
+        self.failure = ""           # why the last sequence that did not run failed
 
     def time(self, candidate_ids: Sequence[int]) -> dict[int, float]:
         """Seconds per candidate, run in the order given (an executable order: each value written before it is
@@ -52,7 +54,8 @@ class InPlaceTimer:
         try:
             kernels = [self.build(c) for c in candidate_ids]
             seconds = self._run(kernels)
-        except Exception:  # noqa: BLE001 - a kernel that ran alone but not here leaves the alone-times in force
+        except Exception as exc:  # a kernel that ran alone but not here leaves the times alone in force
+            self.failure = one_line(exc)
             return {}
         finally:
             self.seconds += time.perf_counter() - start

@@ -42,9 +42,13 @@ class InPlaceTimer:
         self.sequences = 0          # sequences timed
         self.timed = 0              # kernel timings taken in place
         self.seconds = 0.0          # building and running them
-        self.built = 0              # kernels built here
         self.build_s = 0.0          # of ``seconds``, building them
         self.failure = ""           # why the last sequence that did not run failed
+
+    @property
+    def built(self) -> int:
+        """Kernels built here."""
+        return len(self._built)
 
     def time(self, candidate_ids: Sequence[int]) -> dict[int, float]:
         """Seconds per candidate, run in the order given (an executable order: each value written before it is
@@ -74,7 +78,7 @@ class InPlaceTimer:
             kernel = self.measurer.kernel_graph(candidate_id)
             start = time.perf_counter()
             self._built[candidate_id] = kernel, backend.build(kernel, self.measurer.device), record.backend
-            self.built, self.build_s = self.built + 1, self.build_s + time.perf_counter() - start
+            self.build_s += time.perf_counter() - start
         return self._built[candidate_id]
 
     def _run(self, kernels) -> list[list[float]]:

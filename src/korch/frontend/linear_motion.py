@@ -18,8 +18,8 @@ times smaller, and never writes the 64 MiB concatenation that its fused kernel r
 into the linear layer that unified its stage's channels (32, 64, 160 or 256 to 256). Feature-pyramid heads
 have the same shape. A split happens only where a part moves before a Resize and that costs fewer element
 operations (``_moving_saves``), a fold only where it costs fewer multiply-adds; otherwise the graph is left as
-it is. ``config.move_linear_maps`` (``KORCH_MOVE_LINEAR_MAPS=0``) turns both off. The executable is still checked against ONNX Runtime running
-the model as given.
+it is. ``config.move_linear_maps`` (``KORCH_MOVE_LINEAR_MAPS=0``) turns both off. The executable is still
+checked against ONNX Runtime running the model as given.
 """
 
 from __future__ import annotations

@@ -107,3 +107,16 @@ def test_the_table_shows_the_precision_and_a_peer_on_another_device_apart(capsys
     assert "precision tf32" in out
     lines = [line for line in out.splitlines() if "compile" in line or "CPU provider" in line]
     assert "compile" in lines[0] and "CPU provider" in lines[1]  # the other device's peer comes last, apart
+
+
+@pytest.mark.parametrize("cost_model, words", [("measured", "predicted / measured 0.80"), ("roofline", "a floor")])
+def test_the_table_is_followed_by_the_plans_prediction_against_korchs_time(capsys, cost_model, words):
+    from korch.cli import _print_bench
+
+    korch = bench.SystemTiming("korch", 5e-3, 4e-3, 10)
+    result = bench.BenchResult(model="zoo:candy", target="cpu", device="cpu", korch=korch, peers=[], failed={},
+                               versions={}, cost_model=cost_model, predicted_s=4e-3)
+    _print_bench(result)
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("korch's plan predicted")]
+    assert "4.000 ms" in line and words in line and "5,000.0 µs" in line
+    assert result.to_json()["predicted_s"] == 4e-3 and result.to_json()["cost_model"] == cost_model

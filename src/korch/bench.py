@@ -66,11 +66,13 @@ class BenchResult:
     failed: dict[str, str]
     versions: dict[str, str]
     precision: str = "fp32"   # the policy korch and every peer ran under (korch/precision.py)
+    cost_model: str = ""      # the plan's: its predicted latency is a floor (roofline) or the objective (measured)
+    predicted_s: float | None = None
     date: str = dataclasses.field(default_factory=lambda: datetime.date.today().isoformat())
 
     def to_json(self) -> dict:
         return {"model": self.model, "target": self.target, "device": self.device, "date": self.date,
-                "precision": self.precision,
+                "precision": self.precision, "cost_model": self.cost_model, "predicted_s": self.predicted_s,
                 "versions": self.versions, "korch": dataclasses.asdict(self.korch),
                 "peers": [dataclasses.asdict(p) for p in self.peers], "failed": self.failed,
                 "speedup": {p.name: p.median_s / self.korch.median_s for p in self.peers}}

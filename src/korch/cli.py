@@ -187,6 +187,7 @@ def cmd_bench(args) -> int:
         result = bench.bench(executable, model=args.model, reference_model=optimized.reference,
                              peers=peers, target=executable.manifest["target"], budget_s=args.budget,
                              on_system=lambda n: progress.update(task, description=f"time {n}"))
+        result.cost_model, result.predicted_s = optimized.plan.cost_model, optimized.plan.predicted_latency_s
     _print_bench(result)
     if args.json:
         bench.write_json(result, args.json)
@@ -215,6 +216,11 @@ def _print_bench(result) -> None:
         table.add_row(f"{p.name} {p.note}".strip(), f"{p.median_s * 1e3:.3f}", f"{p.min_s * 1e3:.3f}", str(p.runs),
                       f"{p.median_s / k.median_s:.2f}x")
     Console().print(table)
+    if result.predicted_s is not None:
+        from korch.report.markdown import predicted_against_measured
+
+        print(f"korch's plan predicted {result.predicted_s * 1e3:.3f} ms, "
+              + predicted_against_measured(result.cost_model, result.predicted_s, k.median_s))
     for name, why in result.failed.items():
         print(f"korch: warning: peer {name} failed: {why}", file=sys.stderr)
 

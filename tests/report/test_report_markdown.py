@@ -2,7 +2,7 @@
 
 import pytest
 
-from korch.report.markdown import _executable
+from korch.report.markdown import _executable, predicted_against_measured, unit_seconds
 
 
 @pytest.mark.parametrize("pointwise, words", [("products", "1x1 convolutions as products"),
@@ -24,3 +24,14 @@ def test_a_unit_variant_that_failed_to_compile_is_named_with_its_error():
             "failed": {"packed for oneDNN": "RuntimeError: no oneDNN here"}}
     lines = _executable({"runs": "compiled unit", "unit": unit})
     assert "- the unit's variant 'packed for oneDNN' failed to compile: RuntimeError: no oneDNN here" in lines
+
+
+def test_a_measured_plans_prediction_is_set_against_the_unit_it_runs_as_and_a_roofline_one_is_called_a_floor():
+    unit = {"weights": "packed for oneDNN", "measured_ms": {"packed for oneDNN": 20.0, "as given to ATen": 10.0}}
+    runs = unit_seconds({"runs": "compiled unit", "unit": unit})
+    assert runs == pytest.approx(0.020)  # the variant the unit runs, not the fastest number
+    assert predicted_against_measured("measured", 0.018, runs).endswith("predicted / measured 0.90")
+    assert predicted_against_measured("measured", 0.018, None) == ""
+    floor = predicted_against_measured("roofline", 0.005, runs)
+    assert floor.startswith("a floor") and "20,000.0 µs the executable runs in" in floor
+    assert unit_seconds(None) is None and unit_seconds({"runs": "compiled unit", "unit": {"measured_ms": {}}}) is None

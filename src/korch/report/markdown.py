@@ -92,6 +92,27 @@ def _executable(x: dict | None) -> list[str]:
     return lines
 
 
+def _with_semicolon(text: str) -> str:
+    return f"; {text}" if text else ""
+
+
+def unit_seconds(executable: dict | None) -> float | None:
+    """What the executable's compiled unit took a call when it was built (the variant it runs), if it was timed."""
+    unit = (executable or {}).get("unit", {})
+    measured_ms = unit.get("measured_ms", {}).get(unit.get("weights"))
+    return measured_ms / 1e3 if measured_ms else None
+
+
+def predicted_against_measured(cost_model: str, predicted_s: float, measured_s: float | None) -> str:
+    """A plan's predicted latency set against what its executable runs in: with roofline costs it is a floor;
+    with measured costs it is the objective, which should come within 15% of the run."""
+    runs = f"{_us(measured_s)} the executable runs in" if measured_s else ""
+    if cost_model != "measured":
+        return "a floor (roofline costs: each kernel bounded from below, none timed)" + (
+            f", under the {runs}" if runs else "")
+    return f"against the {runs}: predicted / measured {predicted_s / measured_s:.2f}" if runs else ""
+
+
 def render_markdown(plan: Plan, rejected: dict[str, int] | None = None, executable: dict | None = None) -> str:
     stats = plan.stats
     lines = [
@@ -101,7 +122,9 @@ def render_markdown(plan: Plan, rejected: dict[str, int] | None = None, executab
         f"- primitive nodes **{stats.get('primitive_nodes', '?')}**, candidate kernels "
         f"**{stats.get('candidates', '?')}**, segments **{len(plan.segments)}**",
         f"- kernels chosen **{len(plan.kernels)}**, predicted latency **{_us(plan.predicted_latency_s)}** "
-        f"({sum(k.measured for k in plan.kernels)} measured, {sum(not k.measured for k in plan.kernels)} bounded)",
+        f"({sum(k.measured for k in plan.kernels)} measured, {sum(not k.measured for k in plan.kernels)} bounded)"
+        + _with_semicolon(predicted_against_measured(plan.cost_model, plan.predicted_latency_s,
+                                                     unit_seconds(executable))),
         f"- proven optimal: **{'yes' if all(s.optimal for s in plan.segments) else 'no'}**"
         + ("" if all(s.exact for s in plan.segments) else
            f"; {sum(s.dropped for s in plan.segments)} candidates dropped at inexact segment cuts"),

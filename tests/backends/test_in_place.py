@@ -1,5 +1,6 @@
 """Kernels timed in place: run in the plan's order on the values they pass each other, in the layouts they read."""
 
+import weakref
 from types import SimpleNamespace
 
 import numpy as np
@@ -108,3 +109,29 @@ def test_by_default_kernels_are_priced_in_place_where_a_candidates_values_overfl
     g.outputs = [b.emit(Op.EXP, b.emit(Op.RELU, "in0"))]
     candidates = enumerate_candidates(g).candidates
     assert _overflows_cache(g, candidates, cache_mib << 20) is expected
+
+
+class Forgetful:
+    """A backend that keeps its kernels' outputs by weak reference and notes, at each call, which are alive."""
+
+    name = "forgetful"
+
+    def __init__(self):
+        self.outputs: list[weakref.ref] = []
+        self.alive_at_call: list[int] = []
+
+    def build(self, kernel, device):
+        def run(*inputs):
+            self.alive_at_call.append(sum(ref() is not None for ref in self.outputs))
+            output = torch.zeros(tuple(kernel.tensors[kernel.outputs[0]].shape))
+            self.outputs.append(weakref.ref(output))
+            return output
+        return run
+
+
+def test_a_value_is_let_go_once_the_last_kernel_that_reads_it_has_run():
+    backend = Forgetful()
+    InPlaceTimer(_measurer(_chain(), backend)).time([0, 1, 2])
+    # k2 runs while k1's output (its input) is alive, k0's (read by k1 alone) no longer; k2's own output is the
+    # sequence's, which nothing in it reads: let go at once
+    assert backend.alive_at_call[:3] == [0, 1, 1]

@@ -207,6 +207,7 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
                 "sequences": in_place.sequences, "kernels_timed": in_place.timed, "seconds": in_place.seconds,
                 "kernels_built": in_place.built, "build_s": in_place.build_s, "failure": in_place.failure,
                 "planned_kernels": sum(r.timed_in_place for r in segment_reports)}
+            in_place.close()  # before the unit compiles: the kernels built here and their values are done with
         _warn_if_disturbed(stats["measurement"])
     if layouts:
         stats["layouts"] = "chosen"

@@ -135,3 +135,12 @@ def test_a_value_is_let_go_once_the_last_kernel_that_reads_it_has_run():
     # k2 runs while k1's output (its input) is alive, k0's (read by k1 alone) no longer; k2's own output is the
     # sequence's, which nothing in it reads: let go at once
     assert backend.alive_at_call[:3] == [0, 1, 1]
+
+
+def test_closing_the_timer_lets_go_of_its_kernels():
+    kernels, backend = _chain(), Forgetful()
+    timer = InPlaceTimer(_measurer(kernels, backend))
+    timer.time([0, 1, 2])
+    assert timer.built == 3
+    timer.close()
+    assert timer.built == 0 and timer.time([0, 1, 2]) and timer.built == 3  # built again when asked again

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
+from korch import heap
 from korch.backends.base import stored_as
 from korch.backends.check import RandomArena
 from korch.errors import one_line
@@ -63,10 +64,17 @@ class InPlaceTimer:
             return {}
         finally:
             self.seconds += time.perf_counter() - start
+            heap.release_freed_memory()  # a sequence's values, freed, stay out of the unit's compile and the workers'
         self.sequences += 1
         self.timed += len(candidate_ids)
         return {c: max(statistics.median(s) - self.measurer.calling_s(backend), 0.0)
                 for c, s, (_, _, backend) in zip(candidate_ids, seconds, kernels)}
+
+    def close(self) -> None:
+        """Let go of the kernels built here and the random values, and give their memory back."""
+        self._built.clear()
+        self._arena = RandomArena(self.measurer.device)
+        heap.release_freed_memory()
 
     def build(self, candidate_id: int) -> tuple[Graph, object, str]:
         """The candidate's kernel graph, its kernel built by the backend its measurement chose, that backend's name."""

@@ -1,5 +1,6 @@
 """report.html: every kernel in the table and the drawing, redundancy marked, no network, and it loads in Chromium."""
 
+import dataclasses
 import itertools
 import re
 import shutil
@@ -87,7 +88,9 @@ def test_every_kernel_is_in_the_table_and_the_drawing_and_redundancy_is_marked(t
     assert 'id="redundant"' in page and f"<code>{exp}</code>" in page
     assert "1 primitives are computed by more than one kernel" in page
     assert "no &lt;good&gt; reason" in page and "<good>" not in page       # failures table, escaped
-    assert "predicted total <b>4.0 µs</b> vs measured total <b>5.0 µs</b>" in page
+    assert "predicted total <b>4.0 µs</b>, against the 5.0 µs the executable runs in: predicted / measured 0.80" in page
+    roofline = render_html(graph, dataclasses.replace(plan, cost_model="roofline"), benchmark={"korch_s": 5e-6})
+    assert "(a floor: roofline costs)" in roofline and "predicted total <b>4.0 µs</b>, a floor" in roofline
     assert "4.00×" in page                                                  # ort 20 µs / korch 5 µs
     assert "1 measured, 1 bounded" in page
     assert not re.search(r"https?://", page), "the page must not reach the network"

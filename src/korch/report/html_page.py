@@ -27,7 +27,7 @@ from korch.ir.graph import Graph
 from korch.ir.ops import Kind, Op
 from korch.orchestrate.plan import Plan, PlannedKernel
 from korch.report.drawing import kernel_colour, kernels_by_node, render_svg
-from korch.report.markdown import in_place_summary
+from korch.report.markdown import in_place_summary, predicted_against_measured
 
 
 def _e(value) -> str:
@@ -114,7 +114,8 @@ def _header(graph: Graph, plan: Plan) -> str:
         ("primitives", _e(stats.get("primitive_nodes", len(graph.nodes)))),
         ("candidate kernels", _e(stats.get("candidates", "?"))), ("segments", _e(len(plan.segments))),
         ("kernels chosen", _e(len(plan.kernels))),
-        ("predicted latency", f"<b>{_e(_time(plan.predicted_latency_s))}</b>"),
+        ("predicted latency", f"<b>{_e(_time(plan.predicted_latency_s))}</b>"
+         + ("" if plan.cost_model == "measured" else " (a floor: roofline costs)")),
         ("kernel costs", f"{measured} measured, {len(plan.kernels) - measured} bounded"),
         ("proven optimal", ("yes" if optimal else '<span class="bad">no</span>')
          + (f"; {dropped} candidates dropped at inexact segment cuts" if dropped else "")),
@@ -171,8 +172,8 @@ def _benchmark(plan: Plan, benchmark: dict | None) -> str:
         return ""
     korch_s = float(benchmark["korch_s"])
     predicted = plan.predicted_latency_s
-    line = (f'<p id="predicted-vs-measured">predicted total <b>{_e(_time(predicted))}</b> vs measured total '
-            f'<b>{_e(_time(korch_s))}</b> (measured / predicted = {korch_s / predicted:.2f}×)</p>'
+    line = (f'<p id="predicted-vs-measured">predicted total <b>{_e(_time(predicted))}</b>, '
+            f'{_e(predicted_against_measured(plan.cost_model, predicted, korch_s))}</p>'
             if predicted > 0 else f"<p>measured total <b>{_e(_time(korch_s))}</b></p>")
     peers = benchmark.get("peers", {})
     table = _table(["system", ">latency", ">korch speedup"],

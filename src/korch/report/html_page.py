@@ -109,13 +109,13 @@ def _header(graph: Graph, plan: Plan) -> str:
     optimal = all(s.optimal for s in plan.segments)
     dropped = sum(s.dropped for s in plan.segments)
     measured = sum(k.measured for k in plan.kernels)
+    floor = predicted_against_measured(plan.cost_model, plan.predicted_latency_s, None)  # none for a measured plan
     facts = [
         ("model", _e(plan.model)), ("target", _e(plan.target)), ("cost model", _e(plan.cost_model)),
         ("primitives", _e(stats.get("primitive_nodes", len(graph.nodes)))),
         ("candidate kernels", _e(stats.get("candidates", "?"))), ("segments", _e(len(plan.segments))),
         ("kernels chosen", _e(len(plan.kernels))),
-        ("predicted latency", f"<b>{_e(_time(plan.predicted_latency_s))}</b>"
-         + ("" if plan.cost_model == "measured" else " (a floor: roofline costs)")),
+        ("predicted latency", f"<b>{_e(_time(plan.predicted_latency_s))}</b>" + (f", {_e(floor)}" if floor else "")),
         ("kernel costs", f"{measured} measured, {len(plan.kernels) - measured} bounded"),
         ("proven optimal", ("yes" if optimal else '<span class="bad">no</span>')
          + (f"; {dropped} candidates dropped at inexact segment cuts" if dropped else "")),

@@ -225,8 +225,9 @@ def _combined(rounds: Sequence[SystemTiming]) -> SystemTiming:
 
 def bench(executable, *, model, reference_model: bytes, peers: Sequence[str], target: str,
           feeds: Mapping[str, np.ndarray] | None = None, budget_s: float = BUDGET_S, rounds: int = ROUNDS,
-          on_system: Callable[[str], None] | None = None) -> BenchResult:
+          on_system: Callable[[str], None] | None = None, plan=None) -> BenchResult:
     """Time ``executable`` and each peer on the same (seeded) inputs; a peer that fails is named, not fatal.
+    ``plan`` (the executable's ``Plan``), when given, puts its predicted latency beside korch's.
 
     The systems take turns: ``rounds`` rounds, each timing every system for ``budget_s / rounds``, so a
     slow spell of a shared machine lands on all of them alike; a system's latency is the median of its
@@ -273,7 +274,9 @@ def bench(executable, *, model, reference_model: bytes, peers: Sequence[str], ta
     results = [_combined(timings[name]) for name in calls if name in timings]
     return BenchResult(model=str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__,
                        target=target, device=device_description(device), korch=results[0], peers=results[1:],
-                       failed=failed, versions=bundle.versions(), precision=executable.precision.name)
+                       failed=failed, versions=bundle.versions(), precision=executable.precision.name,
+                       cost_model=plan.cost_model if plan else "",
+                       predicted_s=plan.predicted_latency_s if plan else None)
 
 
 def write_json(result: BenchResult, path: str | os.PathLike) -> Path:

@@ -186,8 +186,7 @@ def cmd_bench(args) -> int:
         executable = optimized.executable
         result = bench.bench(executable, model=args.model, reference_model=optimized.reference,
                              peers=peers, target=executable.manifest["target"], budget_s=args.budget,
-                             on_system=lambda n: progress.update(task, description=f"time {n}"))
-        result.cost_model, result.predicted_s = optimized.plan.cost_model, optimized.plan.predicted_latency_s
+                             on_system=lambda n: progress.update(task, description=f"time {n}"), plan=optimized.plan)
     _print_bench(result)
     if args.json:
         bench.write_json(result, args.json)

@@ -111,6 +111,9 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     def final(c: int) -> bool:  # priced for good: measured, and in place where kernels are priced so
         return c in known and (in_place is None or c in placed)
 
+    def result(plan: Solution, extra_s: float = 0.0) -> LazyResult:
+        return LazyResult(plan, fresh, rounds, solve_s + extra_s, proofs, len(left_out), placed, sequences)
+
     solver, replacements = Solver(problem), Replacements(problem)
     rounds, quick, budget, solve_s, proofs = 0, True, PROOF_BUDGET_S, 0.0, 0
     deadline = math.inf if time_limit is None else time.perf_counter() + time_limit
@@ -151,13 +154,10 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
             todo += [c for c in solver.flagged_seen if c not in known and c not in planned]
         if not todo:
             if solution.optimal:
-                return LazyResult(_cheaper(solution, cheapest, lower), fresh, rounds, solve_s, proofs, len(left_out),
-                                  placed, sequences)
+                return result(_cheaper(solution, cheapest, lower))
             if time.perf_counter() >= deadline:
                 plan = _cheaper(solution, cheapest, lower)
-                best, seconds = _best_measured(solver, known, len(bounds), plan, lower)
-                return LazyResult(best, fresh, rounds, solve_s + seconds, proofs, len(left_out),
-                                  placed, sequences)
+                return result(*_best_measured(solver, known, len(bounds), plan, lower))
             # all measured, unproven: the relaxation's unmeasured columns hold its bound down at their floors;
             # measured, they raise it toward the plan, which branch and cut then proves sooner
             todo = [] if quick else [c for c in solver.relaxed if c not in known]
@@ -180,9 +180,7 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         if all(final(c) for c in solution.order):
             cheapest = _cheaper_priced(solution, known, cheapest, lower)
         if cheapest is not None and time.perf_counter() >= deadline:
-            best, seconds = _best_measured(solver, known, len(bounds), _cheaper(cheapest, None, lower), lower)
-            return LazyResult(best, fresh, rounds, solve_s + seconds, proofs, len(left_out),
-                              placed, sequences)
+            return result(*_best_measured(solver, known, len(bounds), _cheaper(cheapest, None, lower), lower))
 
 
 def _best_measured(solver: Solver, known: Mapping[int, float], n: int, cheapest: Solution, lower: float) \

@@ -92,10 +92,6 @@ def _executable(x: dict | None) -> list[str]:
     return lines
 
 
-def _with_semicolon(text: str) -> str:
-    return f"; {text}" if text else ""
-
-
 def unit_seconds(executable: dict | None) -> float | None:
     """What the executable's compiled unit took a call when it was built (the variant it runs), if it was timed."""
     unit = (executable or {}).get("unit", {})
@@ -115,6 +111,7 @@ def predicted_against_measured(cost_model: str, predicted_s: float, measured_s: 
 
 def render_markdown(plan: Plan, rejected: dict[str, int] | None = None, executable: dict | None = None) -> str:
     stats = plan.stats
+    versus = predicted_against_measured(plan.cost_model, plan.predicted_latency_s, unit_seconds(executable))
     lines = [
         f"# korch plan: {plan.model}",
         "",
@@ -123,8 +120,7 @@ def render_markdown(plan: Plan, rejected: dict[str, int] | None = None, executab
         f"**{stats.get('candidates', '?')}**, segments **{len(plan.segments)}**",
         f"- kernels chosen **{len(plan.kernels)}**, predicted latency **{_us(plan.predicted_latency_s)}** "
         f"({sum(k.measured for k in plan.kernels)} measured, {sum(not k.measured for k in plan.kernels)} bounded)"
-        + _with_semicolon(predicted_against_measured(plan.cost_model, plan.predicted_latency_s,
-                                                     unit_seconds(executable))),
+        + (f"; {versus}" if versus else ""),
         f"- proven optimal: **{'yes' if all(s.optimal for s in plan.segments) else 'no'}**"
         + ("" if all(s.exact for s in plan.segments) else
            f"; {sum(s.dropped for s in plan.segments)} candidates dropped at inexact segment cuts"),

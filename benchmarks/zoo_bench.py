@@ -84,6 +84,12 @@ def kernels_in_place(executable, plan, worst: int = 30) -> dict:
             "worst": sorted(rows, key=lambda r: -abs(r["run_s"] - r["predicted_s"]))[:worst]}
 
 
+def search_gap(row: dict) -> str:
+    """`` (gap G%)`` after the optimize seconds of a plan its search did not prove optimal (a time limit)."""
+    plan = row.get("plan", {})
+    return "" if plan.get("optimal", True) else f" (gap {plan['gap']:.1%})"
+
+
 def table(rows: list[dict], peers: list[str]) -> str:
     head = ["model", "korch ms", "predicted ms", *[f"{p} ms" for p in peers], *[f"vs {p}" for p in peers],
             "kernels", "runs as", "optimize s", "load s", "paper tuning h", "max rel err"]
@@ -98,7 +104,7 @@ def table(rows: list[dict], peers: list[str]) -> str:
         cells = [r["model"].removeprefix("zoo:"), f"{k * 1e3:.2f}", predicted,
                  *[f"{timings[p] * 1e3:.2f}" if p in timings else "failed" for p in peers],
                  *[f"{timings[p] / k:.2f}x" if p in timings else "-" for p in peers],
-                 str(r["kernels"]), r.get("runs", "kernel by kernel"), f"{r['optimize_s']:.0f}",
+                 str(r["kernels"]), r.get("runs", "kernel by kernel"), f"{r['optimize_s']:.0f}" + search_gap(r),
                  f"{r['load_s']:.2f}" if "load_s" in r else "-",
                  str(PAPER_TUNING_HOURS.get(r["model"].removeprefix("zoo:"), "-")), f"{r['check']['max_rel']:.1e}"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -140,6 +146,7 @@ def main() -> int:
     parser.add_argument("--against", default="eager,compile,ort")
     parser.add_argument("--budget", type=float, default=2.0)
     parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32"))
+    parser.add_argument("--time-limit", type=float, help="seconds for each model's search (default: none)")
     args = parser.parse_args()
     names = args.models.split(",") if args.models else [m.name for m in zoo.list_models()]
     peers = args.against.split(",")
@@ -150,7 +157,7 @@ def main() -> int:
         print(f"{name}: optimize ({args.cost}) and bench ...", flush=True)
         try:
             row = run_model(f"zoo:{name}", args.target, args.cost, args.db, peers, args.budget, args.jobs,
-                            args.precision)
+                            args.precision, time_limit=args.time_limit)
         except Exception as exc:  # a model that fails is recorded and the run goes on
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             row = {"model": f"zoo:{name}", "error": f"{type(exc).__name__}: {first}"}

@@ -75,7 +75,11 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=0.5, help="seconds of timed runs per path and shape")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--small", action="store_true", help="BERT-mini's shapes, M = 1 and 128")
+    parser.add_argument("--shapes", metavar="MxKxN,...", help="these shapes instead (Whisper-tiny's encoder: "
+                        "128x384x384,128x384x1536,128x1536x384)")
     args = parser.parse_args(argv)
+    shapes = ([tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")] if args.shapes
+              else SMALL_SHAPES if args.small else SHAPES)
 
     import torch
 
@@ -84,7 +88,7 @@ def main(argv=None) -> int:
 
     ort_gemm.open_library()
     rows = []
-    for slot, (m, k, n) in enumerate(SMALL_SHAPES if args.small else SHAPES):
+    for slot, (m, k, n) in enumerate(shapes):
         rng = np.random.default_rng(0)
         x_np = rng.standard_normal((m, k)).astype(np.float32)
         w_np = rng.standard_normal((k, n)).astype(np.float32)

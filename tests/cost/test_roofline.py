@@ -364,3 +364,15 @@ def test_a_cpu_convolution_pays_for_the_loops_before_it_not_those_after_it(monke
     assert lower_bound(device, before) >= device.launch_overhead + before.matrix_flops / device.matrix_peak() + loops
     assert lower_bound(device, before) > lower_bound(device, after)
     assert lower_bound(h100, before) == lower_bound(h100, dataclasses.replace(before, loop_bytes=0))  # Triton fuses
+
+
+def test_probe_times_every_product_path_korch_calls_and_each_computes_the_product():
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 48, generator=gen), torch.randn(48, 32, generator=gen)
+    paths = probe.matmul_paths(a, b)
+    # the packed oneDNN product is the fast path on AMD CPUs, where ATen's matmul runs MKL's generic code
+    assert set(paths) == ({"matmul", "oneDNN packed"} if torch.backends.mkldnn.is_available() else {"matmul"})
+    for name, product in paths.items():
+        torch.testing.assert_close(product(), a @ b, rtol=1e-4, atol=1e-4, msg=name)

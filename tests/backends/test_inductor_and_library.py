@@ -212,3 +212,19 @@ def test_a_kernels_1x1_convolution_is_measured_both_as_a_product_and_as_the_libr
     assert not LibraryConvBackend().supports_device("cuda")
     names = lambda target: [b.name for b in backends_for(target)]
     assert LibraryConvBackend.name in names("cpu") and LibraryConvBackend.name not in names("h100")
+
+
+def test_a_one_dimensional_convolution_is_packed_for_onednn_like_a_two_dimensional_one():
+    """A 1-D convolution of 80 channels by 64 frames (batch 1, at most 20480 input elements) went to ATen's
+    slow im2col loop; as a 2-D one of height 1 freezing packs it for oneDNN, and it still matches ONNX Runtime."""
+    from onnx import helper
+
+    from tests.backends.kernels import kernel
+
+    graph = kernel([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1])], {"x": (1, 80, 64)}, {"y": (1, 16, 64)},
+                   {"w": np.random.default_rng(0).standard_normal((16, 80, 3)).astype(np.float32)})
+    built = InductorBackend().build(graph, "cpu")
+    calls = [line for line in built.source.splitlines() if not line.lstrip().startswith("#")]
+    assert any("mkldnn._convolution_pointwise" in line for line in calls)
+    assert not any("convolution(" in line for line in calls)  # ATen's call (extern_kernels.convolution)
+    check_built(built, graph)

@@ -135,6 +135,10 @@ CONV_CASES = {
     "strided": ((1, 6, 6, 6), (4, 6, 1, 1), {"strides": [2, 2]}),
     "grouped": ((1, 6, 5, 5), (6, 3, 1, 1), {"group": 2}),
     "padded": ((1, 6, 5, 5), (4, 6, 1, 1), {"pads": [1, 0, 1, 0]}),
+    # 1-D windows run as 2-D convolutions of height 1 (Whisper's stem: 80 mel bins, then stride 2)
+    "window_1d": ((1, 80, 64), (16, 80, 3), {"pads": [1, 1]}),
+    "strided_1d": ((1, 16, 64), (16, 16, 3), {"pads": [1, 1], "strides": [2]}),
+    "dilated_grouped_1d": ((2, 8, 30), (12, 2, 3), {"pads": [2, 0], "dilations": [2], "group": 4}),
 }
 
 

@@ -1,8 +1,9 @@
 """GFLOP/s of each float32 GEMM path korch can call on this CPU, against ONNX Runtime's, on the zoo's shapes.
 
-For each (M, K, N) with a constant K x N weight: ``torch.mm`` (MKL or oneDNN,
-as ATen dispatches), oneDNN with the weight packed once
-(``mkldnn._reorder_linear_weight`` + ``mkldnn._linear_pointwise``), MKL's
+For each (M, K, N) with a constant K x N weight: ATen's ``matmul`` (MKL or oneDNN,
+as ATen dispatches) and oneDNN with the weight packed once
+(``mkldnn._reorder_linear_weight`` + ``mkldnn._linear_pointwise``), as the CPU probe times them
+(``cost.probe.matmul_paths``), MKL's
 packed path (``mkl._mkl_reorder_linear_weight`` + ``mkl._mkl_linear``; the
 compiled unit's frozen GEMMs take one of these), and ONNX Runtime's MatMul
 (MLAS), Inductor's C++ GEMM template (its own AVX2/AVX-512 micro-kernel, the weight packed at
@@ -85,6 +86,7 @@ def main(argv=None) -> int:
 
     from korch import bench
     from korch.backends import ort_gemm
+    from korch.cost import probe
 
     ort_gemm.open_library()
     rows = []
@@ -94,15 +96,15 @@ def main(argv=None) -> int:
         w_np = rng.standard_normal((k, n)).astype(np.float32)
         x, w = torch.from_numpy(x_np), torch.from_numpy(w_np)
         w_t = w.t().contiguous()  # linear layout: N x K
-        packed_dnnl = torch.ops.mkldnn._reorder_linear_weight(w_t, m)
+        probed = probe.matmul_paths(x, w)  # ATen's and oneDNN's packed product, as the CPU probe times them
         packed_mkl = torch.ops.mkl._mkl_reorder_linear_weight(w_t, m)
         session = ort_matmul(m, k, w_np)
         template = inductor_cpp_template(w)
         with torch.no_grad():
             template(x)  # compiles now, not inside the timed runs
         paths = {
-            "torch.mm": lambda: torch.mm(x, w),
-            "oneDNN packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed_dnnl, None, "none", [], ""),
+            "torch.mm": probed["matmul"],
+            "oneDNN packed": probed["oneDNN packed"],
             "MKL packed": lambda: torch.ops.mkl._mkl_linear(x, packed_mkl, w_t, None, m),
             "Inductor C++ template": lambda: template(x),
             "onnxruntime": lambda: session.run(None, {"x": x_np}),

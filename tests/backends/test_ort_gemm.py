@@ -370,3 +370,40 @@ def test_a_unit_with_a_one_dimensional_convolution_matches_onnx_runtime(tmp_path
                  compiled_unit=True)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["unit"]["weights"] == "MLAS by ONNX Runtime" and manifest["check"]["ok"]
+
+
+def _pointwise_conv_model(batch=1):
+    rng = np.random.default_rng(batch)
+    w, b = rng.standard_normal((12, 8, 1, 1)).astype(np.float32), rng.standard_normal(12).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Mul", ["c", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "pointwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (batch, 8, 6, 7))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("batch, channels_last", [(1, True), (2, True), (2, False)])
+def test_pointwise_convolutions_are_products_of_their_pixels(batch, channels_last):
+    """A 1x1 convolution by a constant weight runs as its pixels' channels times the weight in MLAS, its bias
+    and SiLU after it, as ONNX Runtime computes them, over values stored either way."""
+    model = _pointwise_conv_model(batch)
+    result = optimize(model, target="cpu", cost="roofline")
+    module = unit.PlanModule(result.graph, result.plan, ort_kernels=True, channels_last=channels_last)
+    (fn, *_), = [step for step in module._replaced.values() if step]
+    assert fn.__qualname__.startswith("pointwise_conv_function")
+    x = np.random.default_rng(batch).standard_normal((batch, 8, 6, 7)).astype(np.float32)
+    value = torch.from_numpy(x)
+    if channels_last:
+        value = value.to(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        got = module(value)[0]
+    np.testing.assert_allclose(got.numpy(), run_model(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_unit_with_pointwise_convolutions_in_mlas_matches_onnx_runtime(tmp_path):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(unit, "VARIANTS", {"MLAS by ONNX Runtime": unit.VARIANTS["MLAS by ONNX Runtime"]})
+        optimize(_pointwise_conv_model(2), target="cpu", cost="roofline", output=tmp_path / "out", compiled_unit=True)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["unit"]["weights"] == "MLAS by ONNX Runtime" and manifest["check"]["ok"]

@@ -139,6 +139,11 @@ CONV_CASES = {
     "window_1d": ((1, 80, 64), (16, 80, 3), {"pads": [1, 1]}),
     "strided_1d": ((1, 16, 64), (16, 16, 3), {"pads": [1, 1], "strides": [2]}),
     "dilated_grouped_1d": ((2, 8, 30), (12, 2, 3), {"pads": [2, 0], "dilations": [2], "group": 4}),
+    # depthwise: over channels-last values the sum of the taps (YOLOX's 3x3, its stride-2 downsampling)
+    "depthwise": ((1, 16, 9, 9), (16, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 16}),
+    "depthwise_strided": ((1, 32, 12, 11), (32, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2], "group": 32}),
+    "depthwise_uneven": ((2, 8, 11, 10), (8, 1, 5, 3),
+                         {"pads": [2, 1, 1, 0], "strides": [2, 1], "dilations": [1, 2], "group": 8}),
 }
 
 
@@ -194,6 +199,29 @@ def test_a_pointwise_convolution_is_a_product_that_copies_nothing(channels_last)
     assert "bmm" in ops.called
     assert not {"convolution", "clone", "copy_", "contiguous", "_unsafe_view"} & set(ops.called), ops.called
     assert got.is_contiguous(memory_format=memory_format)
+
+
+def test_a_depthwise_convolution_over_channels_last_values_is_its_taps_sum():
+    """Over channels-last values a depthwise convolution is multiplications and additions of windows, which
+    Inductor fuses into one loop (no convolution call); over NCHW ones it stays a convolution."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from korch.backends.torch_ops import node_function
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            called.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    model, graph, x = _conv_graph("depthwise_strided")
+    (node,) = [n for n in graph.nodes if n.op.name == "CONV"]
+    weight = torch.from_numpy(graph.constants[node.inputs[1]])
+    for channels_last, convolves in ((True, False), (False, True)):
+        called = []
+        value = torch.from_numpy(x).to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        with Ops():
+            node_function(graph, node, "cpu", channels_last=channels_last)(value, weight)
+        assert ("convolution" in called) == convolves, called
 
 
 def _mish_model(op_type="Mish"):

@@ -22,7 +22,8 @@ from korch.backends.torch_ops import kernel_function
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
 
-VERSION = "3"  # 2: CPU kernels timed on warm inputs (timing.timing_inputs); 3: activations as torch's ops
+VERSION = "4"  # 2: CPU kernels timed on warm inputs (timing.timing_inputs); 3: activations as torch's ops;
+# 4: 1x1 convolutions as MLAS products (ort_gemm.pointwise_conv_function)
 
 
 class MlasKernel(InductorKernel):

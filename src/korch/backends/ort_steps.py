@@ -24,8 +24,8 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
                  add_constant: Callable[[str, np.ndarray], str],
                  within: Collection[str] | None = None) -> dict[str, Step | None]:
     """The MLAS steps of ``graph`` whose planned ``kernels`` (their primitives' names, in order) are given:
-    products by constant weights (sibling ones as one), products of two activations, 1-D convolutions, and
-    softmaxes within one kernel; with ``within``, only those of these primitives. ``token`` keys the
+    products by constant weights (sibling ones as one), products of two activations, 1-D and 1x1 convolutions,
+    and softmaxes within one kernel; with ``within``, only those of these primitives. ``token`` keys the
     operators' sessions; ``add_constant(name, value)`` adds a constant the steps read (a weight laid out for
     MLAS) and returns its name."""
     nodes = {node.name: node for node in graph.nodes}
@@ -40,6 +40,11 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
             columns = add_constant(f"{node.name}/columns", ort_gemm.conv1d_columns(weight))
             replaced[node.name] = (ort_gemm.conv1d_function(token, next(slots), node, weight.shape[2]),
                                    (node.inputs[0], columns), node.outputs)
+        elif ort_gemm.pointwise_conv_eligible(graph, node):
+            weight = graph.constants[node.inputs[1]]
+            columns = add_constant(f"{node.name}/columns", ort_gemm.conv1d_columns(weight))
+            replaced[node.name] = (ort_gemm.pointwise_conv_function(token, next(slots)), (node.inputs[0], columns),
+                                   node.outputs)
     kernel_of = {name: i for i, kernel in enumerate(kernels) for name in kernel}
     for softmax in ort_gemm.softmaxes(graph, graph.nodes):
         # its parts in one planned kernel

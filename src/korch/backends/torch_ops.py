@@ -13,6 +13,7 @@ primitives run in ONNX Runtime on the CPU.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from korch.backends.activations import ACTIVATIONS, activation_chains
-from korch.ir.graph import Graph, Node
+from korch.ir.graph import CHANNELS_LAST, Graph, Node
 from korch.ir.ops import Op
 from korch.ir import interpret
 
@@ -171,6 +172,35 @@ def _pointwise_conv(graph: Graph, node: Node, channels_last: bool) -> NodeFn | N
     return nhwc if channels_last else nchw
 
 
+def _depthwise_conv(graph: Graph, node: Node) -> NodeFn | None:
+    """A 2-D depthwise convolution (one group per channel, one output channel per group) as the sum of its taps:
+    each a strided window of the padded input times that tap's weight per channel, or None. Inductor computes
+    the sum as one loop, fused with what the kernel does after it (its bias, its SiLU), and over a channels-last
+    value vectorised along the channels; oneDNN's convolution spends 15-25 us a call setting itself up.
+    YOLOX-Nano's 3x3 over 64 channels with its SiLU, 2 threads, Zen 5: at 26x26 43 against 19 us, at 52x52 76
+    against 59 us, stride 2 at 52x52 47 against 19 us. Over an NCHW value the taps are vectorised along the
+    rows' pixels, masked at each row's ends, and ran slower than oneDNN (64 channels at 104x104: 2.8 against
+    0.9 ms): only for channels-last values."""
+    a = node.attrs
+    x, weight = (graph.tensors[name].shape for name in node.inputs)
+    if len(a["strides"]) != 2 or not (a["group"] == x[1] == weight[0]) or weight[1] != 1:
+        return None
+    channels, (kh, kw), (dh, dw), (sh, sw) = x[1], weight[2:], a["dilations"], a["strides"]
+    out_h, out_w = graph.tensors[node.outputs[0]].shape[2:]
+    span_h, span_w = (out_h - 1) * sh + 1, (out_w - 1) * sw + 1
+
+    def run(x, w):
+        padded = interpret.pad_spatial(x, a["pads"], 0.0)
+        taps = w.reshape(channels, kh * kw).t().contiguous()  # a constant: folded when the weights are frozen
+        total = None
+        for i, j in itertools.product(range(kh), range(kw)):
+            window = padded[:, :, i * dh:i * dh + span_h:sh, j * dw:j * dw + span_w:sw]
+            term = window * taps[i * kw + j].view(1, -1, 1, 1)
+            total = term if total is None else total + term
+        return [total]
+    return run
+
+
 # binary ops whose torch function takes a Python number as its second operand (the first for commutative ones)
 _SCALAR_OPERAND = {Op.ADD: torch.add, Op.MUL: torch.mul, Op.SUB: torch.sub,
                    Op.POW: lambda x, exponent: torch.pow(x, exponent).to(x.dtype),
@@ -232,8 +262,9 @@ def node_function(graph: Graph, node: Node, device, channels_last: bool = False,
         if fn is not None:
             return fn
     if node.op is Op.CONV:
-        products = pointwise_products and torch.device(device).type == "cpu"
-        return (products and _pointwise_conv(graph, node, channels_last)) or _conv(node)
+        cpu = torch.device(device).type == "cpu"
+        return (pointwise_products and cpu and _pointwise_conv(graph, node, channels_last)) \
+            or (cpu and channels_last and _depthwise_conv(graph, node)) or _conv(node)
     if node.op is Op.OPAQUE:
         return _opaque(node)
     if node.op is Op.TANH and torch.device(device).type == "cpu":
@@ -327,7 +358,8 @@ def kernel_function(kernel: Graph, device, replaced: Mapping | None = None,
     constants = {name: interpret.as_torch(v).to(device) for name, v in kernel.constants.items()}
     replaced = {**rewritten_steps(kernel, [[node.name for node in kernel.nodes]], device, replaced or ()),
                 **(replaced or {})}
-    steps = [replaced.get(node.name) or (node_function(kernel, node, device, pointwise_products=pointwise_products),
+    channels_last = any(kernel.tensors[t].layout == CHANNELS_LAST for t in (*kernel.inputs, *kernel.outputs))
+    steps = [replaced.get(node.name) or (node_function(kernel, node, device, channels_last, pointwise_products),
                                          node.inputs, node.outputs)
              for node in kernel.nodes if node.name not in replaced or replaced[node.name]]
     inputs, outputs = list(kernel.inputs), list(kernel.outputs)

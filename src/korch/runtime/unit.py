@@ -62,7 +62,7 @@ from korch.backends.mlas import MlasBackend
 from korch.backends.torch_ops import is_pointwise_conv, node_function, rewritten_steps, runs_in_torch
 from korch.backends.vector_exp import fast_vector_exp
 from korch.errors import KorchError, one_line
-from korch.ir.graph import Graph
+from korch.ir.graph import CHANNELS_LAST, Graph
 from korch.ir.interpret import as_torch
 from korch.ir.ops import Op
 from korch.ir.sizes import SizeFunctions
@@ -176,14 +176,15 @@ class PlanModule(torch.nn.Module):
     def _steps(self, graph: Graph) -> list:
         nodes = {node.name: node for node in graph.nodes}
 
-        def step(name: str):
+        def step(name: str, channels_last: bool):
             products = self._pointwise_products and name not in self._library_convs
             return self._replaced.get(name) or self._rewritten.get(name) or \
-                (node_function(graph, nodes[name], self._device, self._channels_last, products), nodes[name].inputs,
+                (node_function(graph, nodes[name], self._device, channels_last, products), nodes[name].inputs,
                  nodes[name].outputs)
 
-        return [[step(n) for n in k.nodes if n not in self._replaced or self._replaced[n]]
-                for k in self._plan.kernels]
+        # a kernel's values are channels-last at channels-last boundaries, or where the plan stores them so
+        return [[step(n, self._channels_last or k.layout == CHANNELS_LAST) for n in k.nodes
+                 if n not in self._replaced or self._replaced[n]] for k in self._plan.kernels]
 
     def _constants(self, graph: Graph) -> dict[str, torch.Tensor]:
         env = {name: getattr(self, attr) for name, attr in self._constant_attr.items()}

@@ -67,6 +67,23 @@ def conv_bias_relu():
                   {"x": (1, 3, 8, 8)}, {"y": (1, 4, 8, 8)}, {"w": _w(4, 3, 3, 3), "b": _w(4)})
 
 
+def _silu(x: str, y: str) -> list:
+    return [helper.make_node("Sigmoid", [x], [f"{x}_s"]), helper.make_node("Mul", [x, f"{x}_s"], [y])]
+
+
+def pointwise_conv_silu():
+    """YOLOX's 1x1 convolution with its bias and SiLU."""
+    return kernel([helper.make_node("Conv", ["x", "w", "b"], ["c"]), *_silu("c", "y")],
+                  {"x": (1, 16, 6, 5)}, {"y": (1, 24, 6, 5)}, {"w": _w(24, 16, 1, 1), "b": _w(24)})
+
+
+def depthwise_conv_silu():
+    """YOLOX's 3x3 depthwise downsampling convolution with its bias and SiLU."""
+    return kernel([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2], group=16),
+                   *_silu("c", "y")],
+                  {"x": (1, 16, 9, 8)}, {"y": (1, 16, 5, 4)}, {"w": _w(16, 1, 3, 3), "b": _w(16)})
+
+
 def pool_add():
     return kernel([helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
                    helper.make_node("Add", ["p", "p"], ["y"])],
@@ -74,4 +91,5 @@ def pool_add():
 
 
 ALL = {f.__name__: f for f in (softmax, layer_norm, instance_norm_relu_pad, gelu_erf, gelu_tanh,
-                               matmul_bias_relu_residual, attention_scores, attention_output, conv_bias_relu, pool_add)}
+                               matmul_bias_relu_residual, attention_scores, attention_output, conv_bias_relu, pool_add,
+                               pointwise_conv_silu, depthwise_conv_silu)}

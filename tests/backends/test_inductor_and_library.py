@@ -84,7 +84,8 @@ def test_an_unwritten_output_fails_its_check():
     assert not check(Lazy(), graph).ok
 
 
-@pytest.mark.parametrize("case", ["conv_bias_relu", "pool_add", "instance_norm_relu_pad"])
+@pytest.mark.parametrize("case", ["conv_bias_relu", "pool_add", "instance_norm_relu_pad", "pointwise_conv_silu",
+                                  "depthwise_conv_silu"])
 def test_a_channels_last_kernel_reads_and_writes_channels_last(case):
     """A kernel graph whose 4-D values are stored channels-last (``extract(..., layout=)``): Inductor builds it for
     channels-last inputs and outputs, and it checks against the reference (which sees values, not strides); the
@@ -228,3 +229,16 @@ def test_a_one_dimensional_convolution_is_packed_for_onednn_like_a_two_dimension
     assert any("mkldnn._convolution_pointwise" in line for line in calls)
     assert not any("convolution(" in line for line in calls)  # ATen's call (extern_kernels.convolution)
     check_built(built, graph)
+
+
+def test_a_channels_last_depthwise_convolution_is_one_loop_without_a_convolution_call():
+    """Over channels-last values Inductor computes a depthwise convolution with its bias and SiLU in its own
+    loop (``torch_ops._depthwise_conv``); over NCHW ones it calls the library's convolution."""
+    from korch.ir.graph import CHANNELS_LAST
+
+    contiguous = cases.depthwise_conv_silu()
+    laid = extract(contiguous, range(len(contiguous.nodes)), contiguous.inputs, contiguous.outputs,
+                   layout=CHANNELS_LAST)
+    built = {layout: InductorBackend().build(graph, "cpu") for layout, graph in (("nchw", contiguous), ("nhwc", laid))}
+    assert "convolution" in built["nchw"].source and "convolution" not in built["nhwc"].source
+    check_built(built["nhwc"], laid)

@@ -12,7 +12,7 @@ from korch.backends.registry import backends_for
 from tests.backends import cases
 from tests.backends.kernels import check_built
 
-_CLAIMED = ["softmax", "matmul_bias_relu_residual", "attention_scores", "attention_output"]
+_CLAIMED = ["softmax", "matmul_bias_relu_residual", "attention_scores", "attention_output", "pointwise_conv_silu"]
 
 
 def test_mlas_claims_kernels_with_a_product_or_a_softmax_on_cpus_only():
@@ -29,6 +29,24 @@ def test_mlas_kernels_match_the_reference_and_call_onnx_runtime(case):
     built = MlasBackend().build(graph, "cpu")
     check_built(built, graph)
     assert built.backend == "mlas" and f"torch.ops.{ort_gemm.NAMESPACE}." in built.source
+
+
+def test_a_channels_last_pointwise_convolution_reads_its_pixels_where_they_lie():
+    """A 1x1 convolution kernel whose values are stored channels-last (a measured plan's layout): MLAS claims it,
+    multiplies the rows of its input as stored, and writes its output channels-last."""
+    from korch.backends.check import RandomArena, check
+    from korch.ir.graph import CHANNELS_LAST
+    from korch.ir.subgraph import extract
+
+    contiguous = cases.pointwise_conv_silu()
+    graph = extract(contiguous, range(len(contiguous.nodes)), contiguous.inputs, contiguous.outputs,
+                    layout=CHANNELS_LAST)
+    assert MlasBackend().claims(graph) is None
+    built = MlasBackend().build(graph, "cpu")
+    assert check(built, graph).ok
+    (out,) = built(*RandomArena().inputs(graph))
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    assert "clone" not in built.source.split("def call")[-1]  # the rows are a view of the input
 
 
 def test_a_dropped_kernel_releases_its_sessions():

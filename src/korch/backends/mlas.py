@@ -16,7 +16,6 @@ import weakref
 import numpy as np
 
 from korch.backends import ort_gemm, ort_steps
-from korch.backends.base import contiguous_only
 from korch.backends.inductor import InductorKernel
 from korch.backends.torch_ops import kernel_function
 from korch.ir.graph import Graph
@@ -56,8 +55,6 @@ class MlasBackend:
     def claims(self, kernel: Graph) -> str | None:
         if any(node.op is Op.OPAQUE for node in kernel.nodes):
             return "mlas: opaque primitive"
-        if reason := contiguous_only(self.name, kernel):
-            return reason
         if not ort_gemm.any_eligible(kernel):
             return "mlas: no product or softmax for ONNX Runtime"
         return None

@@ -190,7 +190,8 @@ def _depthwise_conv(graph: Graph, node: Node) -> NodeFn | None:
     span_h, span_w = (out_h - 1) * sh + 1, (out_w - 1) * sw + 1
 
     def run(x, w):
-        padded = interpret.pad_spatial(x, a["pads"], 0.0)
+        # read channels-last where it lies (a compiled unit stores it so at a kernel boundary)
+        padded = interpret.pad_spatial(x.contiguous(memory_format=torch.channels_last), a["pads"], 0.0)
         taps = w.reshape(channels, kh * kw).t().contiguous()  # a constant: folded when the weights are frozen
         total = None
         for i, j in itertools.product(range(kh), range(kw)):

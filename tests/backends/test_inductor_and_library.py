@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from korch.backends.check import check, random_inputs
-from korch.backends.inductor import InductorBackend, count_launches
+from korch.backends.inductor import InductorBackend, LibraryConvBackend, count_launches
 from korch.backends.library import LibraryBackend
 from korch.backends.torch_ops import kernel_function
 from korch.ir.subgraph import extract
@@ -194,7 +194,6 @@ def test_a_kernels_1x1_convolution_is_measured_both_as_a_product_and_as_the_libr
     """The Inductor backend computes a 1x1 convolution as a product (no oneDNN set-up); the library-convolution
     backend builds the same kernel with oneDNN's packed convolution, its ReLU as post-op. Both match the
     reference; only kernels with a 1x1 convolution are claimed, on CPUs only."""
-    from korch.backends.inductor import LibraryConvBackend
     from korch.backends.registry import backends_for
 
     _, graph, _ = load_model(_pointwise_conv_model())
@@ -242,3 +241,8 @@ def test_a_channels_last_depthwise_convolution_is_one_loop_without_a_convolution
     built = {layout: InductorBackend().build(graph, "cpu") for layout, graph in (("nchw", contiguous), ("nhwc", laid))}
     assert "convolution" in built["nchw"].source and "convolution" not in built["nhwc"].source
     check_built(built["nhwc"], laid)
+    # the library's convolution is the other candidate, measured beside it (only where the taps would be used)
+    assert LibraryConvBackend().claims(contiguous) is not None and LibraryConvBackend().claims(laid) is None
+    by_library = LibraryConvBackend().build(laid, "cpu")
+    assert "convolution" in by_library.source
+    check_built(by_library, laid)

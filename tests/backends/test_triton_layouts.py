@@ -15,7 +15,8 @@ from tests.backends import cases
 from tests.backends.kernels import kernel
 
 LAID_OUT = {
-    **{name: cases.ALL[name] for name in ("conv_bias_relu", "pool_add", "instance_norm_relu_pad")},
+    **{name: cases.ALL[name] for name in ("conv_bias_relu", "pool_add", "instance_norm_relu_pad",
+                                          "pointwise_conv_silu")},
     # a transpose of the spatial axes and a per-channel scale: the index maps are not the identity
     "transpose_scale": lambda: kernel([helper.make_node("Transpose", ["x"], ["t"], perm=[0, 1, 3, 2]),
                                        helper.make_node("Mul", ["t", "s"], ["y"])],

@@ -424,6 +424,34 @@ def test_a_value_a_convolution_reads_crosses_kernel_boundaries_channels_last(cha
     assert sum(_stores(c) for c in codes) == (3 if channels_last else 4), code
 
 
+def test_a_concatenation_of_narrow_slices_is_stored_nchw_at_channels_last_boundaries():
+    """YOLOX's stem: four stride-2 slices of a 3-channel image concatenated for a convolution. Channels-last,
+    each slice's copy would write every 12th float alone; with fewer channels per input than a vector holds,
+    the concatenation is stored NCHW (and copied for the convolution), while a wide one stays channels-last."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.utils import run_and_get_code
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.traceback import annotate, preserve_node_meta
+
+    for channels, nchw in ((3, True), (16, False)):
+        weight = torch.randn(8, 4 * channels, 3, 3)
+
+        def two_kernels(x):
+            with annotate({"korch_kernel": 0}):
+                y = torch.cat([x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]], 1)
+            with annotate({"korch_kernel": 1}):
+                return (torch.nn.functional.conv2d(y, weight, padding=1),)
+
+        x = torch.randn(1, channels, 16, 16)
+        with preserve_node_meta():
+            gm = make_fx(two_kernels)(x)
+        with unit.kernel_boundaries(True), torch.no_grad():
+            got, codes = run_and_get_code(lambda: compile_fx(gm, [x])(x))
+        torch.testing.assert_close(got[0], two_kernels(x)[0], rtol=1e-4, atol=1e-4)
+        nchw_concatenation = f"(1, {4 * channels}, 8, 8), ({4 * channels * 64}, 64, 8, 1)"
+        assert (nchw_concatenation in "\n".join(codes)) == nchw, codes
+
+
 @pytest.mark.parametrize("boundaries, stored", [("nchw", "NCHW"), ("channels-last", "channels-last")])
 def test_the_boundary_layout_can_be_fixed_instead_of_measured(boundaries, stored):
     """``--unit-boundaries nchw`` or ``channels-last``: no second compile, no timing of the layouts, the

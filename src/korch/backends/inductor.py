@@ -33,18 +33,19 @@ import torch
 from korch.backends.base import BuildError, stored_as
 from korch.backends.check import random_inputs
 from korch.backends.freezing import as_buffers, frozen_compile
-from korch.backends.torch_ops import is_pointwise_conv, kernel_function
+from korch.backends.torch_ops import is_depthwise_conv, is_pointwise_conv, kernel_function
 from korch.backends.vector_exp import fast_vector_exp
 from korch.errors import one_line
 from korch.ir import dtypes
-from korch.ir.graph import Graph
+from korch.ir.graph import CHANNELS_LAST, Graph
 from korch.ir.ops import Op
 
 VERSION = "9"  # 3: CPU kernels return their outputs; 4: their float32 exp is ATen's exp_u20 (vector_exp.py);
 # 5: CPU kernels timed on warm inputs (timing.timing_inputs); 6: activations and biased products as torch's ops
 # (torch_ops.rewritten_steps); 7: CPU kernels compiled frozen, weights packed for oneDNN (freezing.py); 8: 1-D
 # convolutions as 2-D ones (torch_ops._conv1d_as_2d); 9: kernels with channels-last boundaries compute
-# depthwise convolutions as their taps' sum (torch_ops._depthwise_conv) and 1x1 ones over channels-last rows
+# depthwise convolutions as their taps' sum (torch_ops._depthwise_conv) and 1x1 ones over channels-last rows,
+# and inductor-libconv builds such depthwise convolutions by the library
 _KERNEL_DEFINITIONS = re.compile(r"async_compile\.(cpp_pybinding|cpp|triton)\(")
 _LIBRARY_CALLS = re.compile(r"\b(extern_kernels\.\w+|torch\.ops\.\w+\.\w+(?:\.\w+)?)\(")
 
@@ -172,10 +173,11 @@ class LibraryConvKernel(InductorKernel):
 
 
 class LibraryConvBackend(InductorBackend):
-    """Inductor on a CPU with a kernel's 1x1 convolutions as the library's convolutions (oneDNN's, weights packed,
-    an activation after one as its post-op), where the Inductor backend computes them as products
-    (``torch_ops._pointwise_conv``): which is faster depends on the convolution (a product skips oneDNN's set-up
-    of about 25 us a call, which decides small ones; packed weights decide large ones), so both are measured,
+    """Inductor on a CPU with a kernel's 1x1 convolutions, and its depthwise ones over channels-last values, as the
+    library's convolutions (oneDNN's, weights packed, an activation after one as its post-op), where the Inductor
+    backend computes them as products and as their taps (``torch_ops._pointwise_conv``, ``_depthwise_conv``):
+    which is faster depends on the convolution (korch's forms skip oneDNN's set-up of 15-25 us a call, which
+    decides small ones; packed weights decide large ones), so both are measured,
     the faster priced, and a compiled unit computes each kernel's as its plan measured it (``runtime/unit.py``).
     EfficientViT's unit: 973 ms with every 1x1 convolution by the library, 1838 ms as products; YOLOX-Nano's:
     11.4 and 9.9 ms."""
@@ -188,8 +190,10 @@ class LibraryConvBackend(InductorBackend):
     def claims(self, kernel: Graph) -> str | None:
         if reason := super().claims(kernel):
             return reason
-        if not any(is_pointwise_conv(kernel, node) for node in kernel.nodes):
-            return f"{self.name}: no 1x1 convolution"
+        channels_last = any(kernel.tensors[t].layout == CHANNELS_LAST for t in (*kernel.inputs, *kernel.outputs))
+        if not any(is_pointwise_conv(kernel, node) or (channels_last and is_depthwise_conv(kernel, node))
+                   for node in kernel.nodes):
+            return f"{self.name}: no 1x1 convolution, nor a depthwise one over channels-last values"
         return None
 
     def build(self, kernel: Graph, device: str) -> LibraryConvKernel:

@@ -141,6 +141,14 @@ def _conv1d_as_2d(node: Node) -> NodeFn:
     return lambda x, w: [conv2d(x.unsqueeze(-2), w.unsqueeze(-2))[0].squeeze(-2)]
 
 
+def is_depthwise_conv(graph: Graph, node: Node) -> bool:
+    """A 2-D convolution of one input and one output channel per group."""
+    if node.op is not Op.CONV or len(node.attrs["strides"]) != 2:
+        return False
+    x, weight = (graph.tensors[name].shape for name in node.inputs[:2])
+    return node.attrs["group"] == x[1] == weight[0] and weight[1] == 1
+
+
 def is_pointwise_conv(graph: Graph, node: Node) -> bool:
     """A 1x1 convolution: stride 1, no padding, one group."""
     if node.op is not Op.CONV:
@@ -181,10 +189,10 @@ def _depthwise_conv(graph: Graph, node: Node) -> NodeFn | None:
     against 59 us, stride 2 at 52x52 47 against 19 us. Over an NCHW value the taps are vectorised along the
     rows' pixels, masked at each row's ends, and ran slower than oneDNN (64 channels at 104x104: 2.8 against
     0.9 ms): only for channels-last values."""
+    if not is_depthwise_conv(graph, node):
+        return None
     a = node.attrs
     x, weight = (graph.tensors[name].shape for name in node.inputs)
-    if len(a["strides"]) != 2 or not (a["group"] == x[1] == weight[0]) or weight[1] != 1:
-        return None
     channels, (kh, kw), (dh, dw), (sh, sw) = x[1], weight[2:], a["dilations"], a["strides"]
     out_h, out_w = graph.tensors[node.outputs[0]].shape[2:]
     span_h, span_w = (out_h - 1) * sh + 1, (out_w - 1) * sw + 1
@@ -249,7 +257,8 @@ def node_function(graph: Graph, node: Node, device, channels_last: bool = False,
                   pointwise_products: bool = True) -> NodeFn:
     """A callable from the node's input tensors to its output tensors, on ``device``; ``channels_last``, the
     layout the values it reads and writes are stored in (a compiled unit's boundaries), where it matters;
-    ``pointwise_products``, whether a CPU computes 1x1 convolutions as products (``_pointwise_conv``)."""
+    ``pointwise_products``, whether a CPU computes 1x1 convolutions as products (``_pointwise_conv``) and, over
+    channels-last values, depthwise ones as their taps (``_depthwise_conv``), or both by the library."""
     if node.op is Op.SLICE:
         return _slice(node, device)
     if node.op is Op.PAD:
@@ -264,8 +273,9 @@ def node_function(graph: Graph, node: Node, device, channels_last: bool = False,
             return fn
     if node.op is Op.CONV:
         cpu = torch.device(device).type == "cpu"
-        return (pointwise_products and cpu and _pointwise_conv(graph, node, channels_last)) \
-            or (cpu and channels_last and _depthwise_conv(graph, node)) or _conv(node)
+        own = pointwise_products and cpu
+        return (own and _pointwise_conv(graph, node, channels_last)) \
+            or (own and channels_last and _depthwise_conv(graph, node)) or _conv(node)
     if node.op is Op.OPAQUE:
         return _opaque(node)
     if node.op is Op.TANH and torch.device(device).type == "cpu":

@@ -81,8 +81,9 @@ class Variant:
     measured so (the MLAS backend's; elsewhere as Inductor's kernels were measured, packed for oneDNN: the
     unit that runs each kernel the way its plan priced it); ``channels_last_boundaries``, values a convolution
     reads are stored channels-last between kernels (``kernel_boundaries``); ``pointwise_products``, 1x1
-    convolutions are products over the channels (``torch_ops._pointwise_conv``) but in the kernels the plan
-    measured with the library's (``library_conv_kernels``), else the library's everywhere."""
+    convolutions are products over the channels and depthwise ones over channels-last values their taps' sums
+    (``torch_ops._pointwise_conv``, ``_depthwise_conv``) but in the kernels the plan measured with the
+    library's (``library_conv_kernels``), else the library's everywhere."""
 
     prepack: bool
     ort_kernels: bool = False

@@ -67,7 +67,7 @@ def stored_as(tensor: torch.Tensor, layout: str) -> torch.Tensor:
 def contiguous_only(backend: str, kernel: Graph) -> str | None:
     """The reason a backend that reads and writes contiguous tensors only gives for a kernel with other
     boundary layouts (None when it has none)."""
-    if any(kernel.tensors[t].layout != CONTIGUOUS for t in (*kernel.inputs, *kernel.outputs)):
+    if kernel.boundary_layouts() - {CONTIGUOUS}:
         return f"{backend}: contiguous boundaries only"
     return None
 

@@ -190,7 +190,7 @@ class LibraryConvBackend(InductorBackend):
     def claims(self, kernel: Graph) -> str | None:
         if reason := super().claims(kernel):
             return reason
-        channels_last = any(kernel.tensors[t].layout == CHANNELS_LAST for t in (*kernel.inputs, *kernel.outputs))
+        channels_last = CHANNELS_LAST in kernel.boundary_layouts()
         if not any(is_pointwise_conv(kernel, node) or (channels_last and is_depthwise_conv(kernel, node))
                    for node in kernel.nodes):
             return f"{self.name}: no 1x1 convolution, nor a depthwise one over channels-last values"

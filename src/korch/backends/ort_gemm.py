@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from korch.backends import native
+from korch.backends.torch_ops import is_pointwise_conv
 from korch.ir.graph import Graph, Node
 from korch.ir.interpret import pad_spatial, windows
 from korch.ir.ops import Op
@@ -48,43 +49,36 @@ def ops(namespace: str = NAMESPACE):
     return getattr(torch.ops, namespace)
 
 
-def eligible(graph: Graph, node: Node) -> bool:
-    """A float32 MATMUL of an activation by a constant 2-D weight."""
-    if node.op is not Op.MATMUL or len(node.inputs) != 2:
+def _by_constant_weight(graph: Graph, node: Node, rank: int) -> bool:
+    """Whether ``node`` takes a float32 activation and a constant float32 weight of ``rank`` axes, nothing else."""
+    if len(node.inputs) != 2 or node.inputs[0] in graph.constants:
         return False
     weight = graph.constants.get(node.inputs[1])
-    if weight is None or node.inputs[0] in graph.constants:
-        return False
-    return weight.ndim == 2 and weight.dtype == np.float32 and graph.tensor(node.inputs[0]).dtype == "float32"
+    return weight is not None and weight.ndim == rank and weight.dtype == np.float32 \
+        and graph.tensor(node.inputs[0]).dtype == "float32"
+
+
+def eligible(graph: Graph, node: Node) -> bool:
+    """A float32 MATMUL of an activation by a constant 2-D weight."""
+    return node.op is Op.MATMUL and _by_constant_weight(graph, node, 2)
 
 
 def conv1d_eligible(graph: Graph, node: Node) -> bool:
     """A float32 1-D convolution of one group, of an activation by a constant weight (Whisper's front end): a
     product of its windows by the weight (``conv1d_function``)."""
-    if node.op is not Op.CONV or len(node.inputs) != 2 or node.attrs["group"] != 1:
-        return False
-    weight = graph.constants.get(node.inputs[1])
-    return (weight is not None and weight.ndim == 3 and weight.dtype == np.float32
-            and graph.tensor(node.inputs[0]).dtype == "float32" and node.inputs[0] not in graph.constants)
-
-
-def conv1d_columns(weight: np.ndarray) -> np.ndarray:
-    """A 1-D convolution's (C_out, C_in, k) weight as the (C_in * k, C_out) matrix its windows multiply (a 1x1
-    2-D one's (C_out, C_in, 1, 1) as (C_in, C_out))."""
-    return np.ascontiguousarray(weight.reshape(weight.shape[0], -1).T)
+    return node.op is Op.CONV and node.attrs["group"] == 1 and _by_constant_weight(graph, node, 3)
 
 
 def pointwise_conv_eligible(graph: Graph, node: Node) -> bool:
-    """A float32 2-D 1x1 convolution (stride 1, no padding, one group) of an activation by a constant weight: a
+    """A float32 2-D 1x1 convolution (``torch_ops.is_pointwise_conv``) of an activation by a constant weight: a
     product of its pixels' channels by the weight (``pointwise_conv_function``)."""
-    if node.op is not Op.CONV or len(node.inputs) != 2 or len(node.attrs["strides"]) != 2:
-        return False
-    weight = graph.constants.get(node.inputs[1])
-    a = node.attrs
-    return (weight is not None and weight.ndim == 4 and weight.dtype == np.float32 and a["group"] == 1
-            and weight.shape[2:] == (1, 1) and all(s == 1 for s in (*a["strides"], *a["dilations"]))
-            and not any(a["pads"]) and graph.tensor(node.inputs[0]).dtype == "float32"
-            and node.inputs[0] not in graph.constants)
+    return is_pointwise_conv(graph, node) and _by_constant_weight(graph, node, 4)
+
+
+def conv_columns(weight: np.ndarray) -> np.ndarray:
+    """The weight of a convolution ``conv1d_eligible`` or ``pointwise_conv_eligible`` as the matrix its windows
+    or pixels multiply: (C_out, C_in, k) as (C_in * k, C_out), (C_out, C_in, 1, 1) as (C_in, C_out)."""
+    return np.ascontiguousarray(weight.reshape(weight.shape[0], -1).T)
 
 
 def batched_eligible(graph: Graph, node: Node) -> bool:
@@ -243,7 +237,7 @@ def product_function(unit: int, slot: int, widths: Sequence[int], blocks: int = 
 
 
 def conv1d_function(unit: int, slot: int, node: Node, kernel: int):
-    """The NodeFn of a ``conv1d_eligible`` CONV of ``kernel`` taps, given its weight as ``conv1d_columns``:
+    """The NodeFn of a ``conv1d_eligible`` CONV of ``kernel`` taps, given its weight as ``conv_columns``:
     the windows (N, L_out, C_in * k), times the weight in MLAS, seen as (N, C_out, L_out)."""
     a = node.attrs
 
@@ -254,7 +248,7 @@ def conv1d_function(unit: int, slot: int, node: Node, kernel: int):
 
 
 def pointwise_conv_function(unit: int, slot: int):
-    """The NodeFn of a ``pointwise_conv_eligible`` CONV, given its weight as ``conv1d_columns`` (a (C_in, C_out)
+    """The NodeFn of a ``pointwise_conv_eligible`` CONV, given its weight as ``conv_columns`` (a (C_in, C_out)
     matrix): the pixels' channels (N * H * W, C_in) times the weight in MLAS, seen as (N, C_out, H, W). The rows
     are a view of a value stored channels-last (any other is copied so first) and the output is channels-last.
     oneDNN's convolution spends 15-20 us a call more setting itself up (YOLOX-Nano's 64 -> 64 channels at

@@ -35,16 +35,12 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
     for node in (n for n in graph.nodes if allowed(n.name)):
         if ort_gemm.batched_eligible(graph, node):
             replaced[node.name] = (ort_gemm.batched_function(token, next(slots)), node.inputs, node.outputs)
-        elif ort_gemm.conv1d_eligible(graph, node):
+        elif ort_gemm.conv1d_eligible(graph, node) or ort_gemm.pointwise_conv_eligible(graph, node):
             weight = graph.constants[node.inputs[1]]
-            columns = add_constant(f"{node.name}/columns", ort_gemm.conv1d_columns(weight))
-            replaced[node.name] = (ort_gemm.conv1d_function(token, next(slots), node, weight.shape[2]),
-                                   (node.inputs[0], columns), node.outputs)
-        elif ort_gemm.pointwise_conv_eligible(graph, node):
-            weight = graph.constants[node.inputs[1]]
-            columns = add_constant(f"{node.name}/columns", ort_gemm.conv1d_columns(weight))
-            replaced[node.name] = (ort_gemm.pointwise_conv_function(token, next(slots)), (node.inputs[0], columns),
-                                   node.outputs)
+            columns = add_constant(f"{node.name}/columns", ort_gemm.conv_columns(weight))
+            function = ort_gemm.conv1d_function(token, next(slots), node, weight.shape[2]) if weight.ndim == 3 \
+                else ort_gemm.pointwise_conv_function(token, next(slots))
+            replaced[node.name] = (function, (node.inputs[0], columns), node.outputs)
     kernel_of = {name: i for i, kernel in enumerate(kernels) for name in kernel}
     for softmax in ort_gemm.softmaxes(graph, graph.nodes):
         # its parts in one planned kernel

@@ -369,7 +369,7 @@ def kernel_function(kernel: Graph, device, replaced: Mapping | None = None,
     constants = {name: interpret.as_torch(v).to(device) for name, v in kernel.constants.items()}
     replaced = {**rewritten_steps(kernel, [[node.name for node in kernel.nodes]], device, replaced or ()),
                 **(replaced or {})}
-    channels_last = any(kernel.tensors[t].layout == CHANNELS_LAST for t in (*kernel.inputs, *kernel.outputs))
+    channels_last = CHANNELS_LAST in kernel.boundary_layouts()
     steps = [replaced.get(node.name) or (node_function(kernel, node, device, channels_last, pointwise_products),
                                          node.inputs, node.outputs)
              for node in kernel.nodes if node.name not in replaced or replaced[node.name]]

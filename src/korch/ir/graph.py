@@ -147,6 +147,10 @@ class Graph:
     def producers(self) -> dict[str, Node]:
         return {out: node for node in self.nodes for out in node.outputs}
 
+    def boundary_layouts(self) -> set[str]:
+        """How the graph's inputs and outputs are stored (``LAYOUTS``): a kernel graph's boundaries."""
+        return {self.tensors[t].layout for t in (*self.inputs, *self.outputs)}
+
     def consumers(self) -> dict[str, list[Node]]:
         users: dict[str, list[Node]] = {name: [] for name in self.tensors}
         for node in self.nodes:

@@ -9,6 +9,9 @@ Runtime on the same model take turns; the settings take turns across rounds.
 
     python benchmarks/openmp_spin.py --models bert_layer,yolox_nano --spin-counts 100,1000,10000 \\
         --out benchmarks/results/openmp_spin_cpu.json
+
+A ``--models`` entry that is a directory is an OUTDIR korch already built (a measured plan, say): it is timed
+as it is, under the same settings.
 """
 
 from __future__ import annotations
@@ -81,10 +84,11 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="korch-spin-") as tmp:
         for model in args.models.split(","):
-            outdir = os.path.join(tmp, model)
-            subprocess.run([sys.executable, "-m", "korch", "optimize", f"zoo:{model}", "--cost", "roofline", "-q",
-                            "-o", outdir], env=_environment({"GOMP_SPINCOUNT": str(threads.SPIN_COUNT)}), check=True,
-                           capture_output=True)
+            outdir = model if os.path.isdir(model) else os.path.join(tmp, model)
+            if outdir != model:
+                subprocess.run([sys.executable, "-m", "korch", "optimize", f"zoo:{model}", "--cost", "roofline", "-q",
+                                "-o", outdir], env=_environment({"GOMP_SPINCOUNT": str(threads.SPIN_COUNT)}),
+                               check=True, capture_output=True)
             unit = json.loads(Path(outdir, "manifest.json").read_text()).get("unit", {})
             samples = {name: [] for name in settings}
             for _ in range(args.rounds):

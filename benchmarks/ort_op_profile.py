@@ -17,13 +17,17 @@ import json
 import os
 import sys
 import tempfile
+from pathlib import Path
 
-import numpy as np
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def profile(path: str, threads: int, level: str, runs: int, warmup: int) -> list[dict]:
     """One record per node run after warm-up: op type, input shapes, microseconds."""
     import onnxruntime as ort
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from korch.ir.ort import random_inputs
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -31,9 +35,9 @@ def profile(path: str, threads: int, level: str, runs: int, warmup: int) -> list
     options.enable_profiling = True
     options.profile_file_prefix = os.path.join(tempfile.mkdtemp(prefix="korch-ort-profile-"), "run")
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    feed = {i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
-            for i in session.get_inputs()}
+    types = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(bool)": "bool"}
+    feed = random_inputs({i.name: (tuple(d if isinstance(d, int) else 1 for d in i.shape), types[i.type])
+                          for i in session.get_inputs()})
     for _ in range(warmup + runs):
         session.run(None, feed)
     trace = session.end_profiling()

@@ -215,7 +215,7 @@ def test_the_unit_is_the_fastest_of_its_weight_variants(monkeypatch):
     data, choice = unit.choose_unit(result.graph, result.plan)
     measured = choice["measured_ms"]
     # a roofline plan measured nothing with MLAS: "MLAS where planned" would be "packed for oneDNN" again
-    applies = {name for name, variant in unit.VARIANTS.items() if not variant.ort_as_planned}
+    applies = {name for name, variant in unit.VARIANTS.items() if variant.ort_within != "planned"}
     assert set(measured) == applies and all(ms > 0 for ms in measured.values())
     assert measured[choice["weights"]] == min(measured.values())
     expected = [ort_gemm.LIBRARY_FILE] if choice["weights"] == "MLAS by ONNX Runtime" else []
@@ -347,7 +347,7 @@ def test_mlas_where_planned_runs_in_onnx_runtime_only_the_kernels_the_plan_measu
     kernels = tuple(dataclasses.replace(k, backend="mlas" if k is first else "inductor") for k in result.plan.kernels)
     plan = dataclasses.replace(result.plan, kernels=kernels)
     assert unit.mlas_kernels(plan) == frozenset(first.nodes)
-    module = unit.PlanModule(result.graph, plan, ort_kernels=True, ort_as_planned=True)
+    module = unit.PlanModule(result.graph, plan, ort_kernels=True, ort_within="planned")
     assert {name for name, step in module._replaced.items() if step} == {products[0]}
     everywhere = unit.PlanModule(result.graph, plan, ort_kernels=True)
     assert {name for name, step in everywhere._replaced.items() if step} == set(products)

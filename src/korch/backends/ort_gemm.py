@@ -135,6 +135,12 @@ def any_eligible(graph: Graph) -> bool:
                or pointwise_conv_eligible(graph, n) for n in graph.nodes) or bool(softmaxes(graph, graph.nodes))
 
 
+def of_activations(graph: Graph) -> frozenset[str]:
+    """The products of two activations and the softmaxes' parts of ``graph``: attention's work in MLAS."""
+    return frozenset([n.name for n in graph.nodes if batched_eligible(graph, n)]
+                     + [name for softmax in softmaxes(graph, graph.nodes) for name in softmax.parts])
+
+
 def library() -> Path:
     """The operator library for this torch, built on first use (see ``native.build``)."""
     return native.build(_SOURCE, NAMESPACE)

@@ -77,9 +77,10 @@ PLANNED = "as planned"
 class Variant:
     """How a unit's frozen weights reach the vendor libraries: ``prepack``, packed at compile time in
     oneDNN's layouts (else ATen's calls take them as they are); ``ort_kernels``, products and softmaxes run
-    in ONNX Runtime's MLAS (``backends/ort_gemm.py``), with ``ort_as_planned`` only in the kernels the plan
-    measured so (the MLAS backend's; elsewhere as Inductor's kernels were measured, packed for oneDNN: the
-    unit that runs each kernel the way its plan priced it); ``channels_last_boundaries``, values a convolution
+    in ONNX Runtime's MLAS (``backends/ort_gemm.py``): ``ort_within`` "all" of them, "planned" only in the
+    kernels the plan measured so (the MLAS backend's; elsewhere as Inductor's kernels were measured, packed for
+    oneDNN: the unit that runs each kernel the way its plan priced it), "activations" only products of two
+    activations and softmaxes (attention's; the weights' products by the other libraries); ``channels_last_boundaries``, values a convolution
     reads are stored channels-last between kernels (``kernel_boundaries``); ``pointwise_products``, 1x1
     convolutions are products over the channels and depthwise ones over channels-last values their taps' sums
     (``torch_ops._pointwise_conv``, ``_depthwise_conv``) but in the kernels the plan measured with the
@@ -87,7 +88,7 @@ class Variant:
 
     prepack: bool
     ort_kernels: bool = False
-    ort_as_planned: bool = False
+    ort_within: str = "all"
     channels_last_boundaries: bool = True  # see kernel_boundaries
     planned_layouts: bool = False  # each kernel's values stored in the plan's layout instead (kernel_boundaries)
     pointwise_products: bool = True  # see torch_ops._pointwise_conv
@@ -96,8 +97,10 @@ class Variant:
 # the variants choose_unit compiles and times
 VARIANTS = {"packed for oneDNN": Variant(prepack=True), "as given to ATen": Variant(prepack=False),
             "MLAS by ONNX Runtime": Variant(prepack=True, ort_kernels=True),
-            "MLAS where planned": Variant(prepack=True, ort_kernels=True, ort_as_planned=True)}
+            "MLAS where planned": Variant(prepack=True, ort_kernels=True, ort_within="planned")}
 CHOICE_ROUNDS = 3
+# a choice's key: where a unit whose weights' products run in oneDNN or ATen computes attention's
+ACTIVATIONS = "products of activations"
 # the ONNX Runtime variant's name until its softmaxes and products of activations (2026-11-24)
 _EARLIER_ORT_VARIANT = "GEMMs by ONNX Runtime"
 
@@ -123,6 +126,15 @@ def library_conv_kernels(plan: Plan) -> frozenset[str]:
     return _kernels_of(plan, LibraryConvBackend.name)
 
 
+def ort_primitives(graph: Graph, plan: Plan, within: str) -> frozenset[str] | None:
+    """The primitives a unit may run in MLAS (``Variant.ort_within``); None: any."""
+    if within == "planned":
+        return mlas_kernels(plan)
+    if within == "activations":
+        return ort_gemm.of_activations(graph)
+    return None
+
+
 def _kernels_of(plan: Plan, backend: str) -> frozenset[str]:
     return frozenset(n for k in plan.kernels if k.backend == backend for n in k.nodes)
 
@@ -135,7 +147,7 @@ class PlanModule(torch.nn.Module):
 
     def __init__(self, graph: Graph, plan: Plan, device: str = "cpu", ort_kernels: bool = False,
                  sizes: SizeFunctions | None = None, channels_last: bool = False, pointwise_products: bool = True,
-                 ort_as_planned: bool = False):
+                 ort_within: str = "all"):
         super().__init__()
         self._constant_attr = {}
         for i, (name, value) in enumerate(graph.constants.items()):
@@ -147,7 +159,7 @@ class PlanModule(torch.nn.Module):
         self._library_convs = library_conv_kernels(plan)  # their 1x1 convolutions the library's, as measured
         self.token, self._replaced = None, {}
         if ort_kernels:
-            self._replace_by_ort_kernels(graph, mlas_kernels(plan) if ort_as_planned else None)
+            self._replace_by_ort_kernels(graph, ort_primitives(graph, plan, ort_within))
         # found once, on the graph at its full size, outside any tracing: the activations' probes run torch ops
         # (a dynamic unit builds its steps again at each size while torch.export traces) and no rewrite depends
         # on a size
@@ -250,7 +262,7 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
         raise KorchError(f"no compiled unit: {reason}")
     dynamic = size_range.dynamic_shapes(graph) if size_range else None
     module = PlanModule(graph, plan, device, variant.ort_kernels, size_range.sizes if dynamic else None,
-                        variant.channels_last_boundaries, variant.pointwise_products, variant.ort_as_planned).eval()
+                        variant.channels_last_boundaries, variant.pointwise_products, variant.ort_within).eval()
     inputs = example_inputs(graph, device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside export and AOTInductor
@@ -313,6 +325,11 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     seconds = _fastest_seconds({name: b.unit for name, b in built.items()}, inputs, device)
     best = min(seconds, key=seconds.get) if seconds else next(iter(built))
     choice = {"weights": best}
+    if not built[best].variant.ort_kernels and ort_gemm.of_activations(graph):
+        by_mlas = f"{best}, {ACTIVATIONS} in MLAS"
+        choice[ACTIVATIONS] = "ATen"
+        if challenge(best, by_mlas, {"ort_kernels": True, "ort_within": "activations"}, f"{ACTIVATIONS} in ATen"):
+            best, choice[ACTIVATIONS] = by_mlas, "MLAS"
     if planned:
         choice["boundaries"] = PLANNED
     elif convolutions:
@@ -345,7 +362,7 @@ def _compiles_a_unit_of_its_own(variant: Variant, graph: Graph, plan: Plan) -> b
         return True
     if not ort_gemm.any_eligible(graph):
         return False
-    if not variant.ort_as_planned:
+    if variant.ort_within != "planned":
         return True
     within = mlas_kernels(plan)
     return bool(within) and _ort_replaced(graph, plan, within) != _ort_replaced(graph, plan, None)
@@ -368,7 +385,8 @@ class _Built(NamedTuple):
 
 def chosen_variant(choice: dict) -> Variant:
     """The variant a ``choose_unit`` choice (a manifest's ``unit``) names."""
-    return dataclasses.replace(VARIANTS[choice["weights"]],
+    by_mlas = {"ort_kernels": True, "ort_within": "activations"} if choice.get(ACTIVATIONS) == "MLAS" else {}
+    return dataclasses.replace(VARIANTS[choice["weights"]], **by_mlas,
                                channels_last_boundaries=choice.get("boundaries") != "NCHW",
                                planned_layouts=choice.get("boundaries") == PLANNED,
                                pointwise_products=choice.get("pointwise convolutions") != "library")
@@ -409,7 +427,8 @@ def check_compatible(recorded: dict, where: str) -> None:
             raise KorchError(f"{where}: its compiled unit was built for {what} {recorded.get(key)}, this machine "
                              f"has {here[key]}: run korch optimize again here")
     variant = VARIANTS.get(recorded.get("weights"))
-    calls_ort = recorded.get("weights") == _EARLIER_ORT_VARIANT or (variant is not None and variant.ort_kernels)
+    calls_ort = recorded.get("weights") == _EARLIER_ORT_VARIANT or recorded.get(ACTIVATIONS) == "MLAS" \
+        or (variant is not None and variant.ort_kernels)
     if calls_ort and not recorded.get("libraries"):
         # units of korch before 2026-11-24 called a Python operator (korch::ort_matmul) that is gone
         raise KorchError(f"{where}: its compiled unit calls an ONNX Runtime GEMM operator of an earlier korch: "

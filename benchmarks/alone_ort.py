@@ -1,0 +1,99 @@
+"""korch's executables against ONNX Runtime, each system alone in a fresh process: what a user of either sees.
+
+Systems sharing a process disturb each other (ONNX Runtime's pool spins after a run, torch's OpenMP workers
+after a loop, and ONNX Runtime ran slower once something had compiled), and a process's own speed varies
+(where its pages land): so each round starts one process for korch's executable and one for ONNX Runtime on
+the OUTDIR's ``reference.onnx`` (2 threads, all graph optimisations), one after the other, the same seeded
+inputs; each process reports the median of ``--calls`` calls after a warm-up. A system's latency is the
+median of its rounds; the ratio is ONNX Runtime's over korch's.
+
+    python benchmarks/alone_ort.py OUTDIR... [--rounds 3] [--calls 300] --out benchmarks/results/FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WARMUP = 20
+
+
+def _child(system: str, outdir: str, calls: int) -> float:
+    """Median seconds of one call of ``system`` ("korch" or "onnxruntime") on the OUTDIR's model."""
+    sys.path.insert(0, str(ROOT / "src"))
+    import korch  # noqa: F401  (first: it sets OpenMP's spinning before torch loads)
+    from korch.runtime.selfcheck import seeded_inputs
+
+    if system == "korch":
+        import torch
+
+        executable = korch.load(outdir)
+        feeds = seeded_inputs(executable.input_specs)
+        inputs = [torch.from_numpy(feeds[name]) for name in executable.input_names]
+
+        def call():
+            executable(*inputs)
+    else:
+        from interleaved_ort import ort_session  # this directory's: the same session the turns benchmark times
+
+        session = ort_session(Path(outdir) / "reference.onnx")
+        types = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(bool)": "bool"}
+        feeds = seeded_inputs({i.name: (tuple(i.shape), types[i.type]) for i in session.get_inputs()})
+
+        def call():
+            session.run(None, feeds)
+    for _ in range(WARMUP):
+        call()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("outdirs", nargs="*")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--child", nargs=2, metavar=("SYSTEM", "OUTDIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(_child(*args.child, args.calls)))
+        return 0
+    if not args.outdirs:
+        parser.error("give at least one OUTDIR")
+    sys.path.insert(0, str(ROOT / "src"))
+    from korch import bench
+
+    rows = []
+    for outdir in args.outdirs:
+        manifest = json.loads((Path(outdir) / "manifest.json").read_text())
+        rounds = {"korch": [], "onnxruntime": []}
+        for _ in range(args.rounds):
+            for system in rounds:
+                done = subprocess.run([sys.executable, __file__, "--child", system, outdir, "--calls", str(args.calls)],
+                                      check=True, capture_output=True, text=True)
+                rounds[system].append(json.loads(done.stdout.strip().splitlines()[-1]) * 1e3)
+        median = {system: statistics.median(ms) for system, ms in rounds.items()}
+        rows.append({"model": manifest.get("model", outdir), "outdir": outdir,
+                     "unit": {k: v for k, v in manifest.get("unit", {}).items() if k != "measured_ms"},
+                     "korch_ms": round(median["korch"], 3), "onnxruntime_ms": round(median["onnxruntime"], 3),
+                     "onnxruntime_over_korch": round(median["onnxruntime"] / median["korch"], 3),
+                     "rounds_ms": {system: [round(ms, 3) for ms in v] for system, v in rounds.items()}})
+        print(json.dumps({k: rows[-1][k] for k in ("model", "korch_ms", "onnxruntime_ms", "onnxruntime_over_korch")}))
+    bench.write_record(bench.record("korch against ONNX Runtime, each alone in fresh processes",
+                                    "benchmarks/alone_ort.py", argv, rows=rows), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,6 +19,18 @@ def test_the_units_line_says_how_its_layouts_and_pointwise_convolutions_were_cho
     assert ("1x1 convolutions" in line) == bool(words) and (not words or words in line)
 
 
+def test_the_units_line_says_where_attention_runs_and_its_time_is_the_variant_it_runs():
+    unit = {"weights": "packed for oneDNN", "products of activations": "MLAS",
+            "variant": "packed for oneDNN, products of activations in MLAS",
+            "measured_ms": {"packed for oneDNN": 9.0, "packed for oneDNN, products of activations in MLAS": 8.0}}
+    executable = {"runs": "compiled unit", "unit": unit}
+    (line,) = [line for line in _executable(executable) if line.startswith("- the unit's weights")]
+    assert "products of activations and softmaxes in MLAS" in line
+    assert unit_seconds(executable) == pytest.approx(0.008)
+    del unit["variant"]  # a manifest of an earlier korch: the weights' variant
+    assert unit_seconds(executable) == pytest.approx(0.009)
+
+
 def test_a_unit_variant_that_failed_to_compile_is_named_with_its_error():
     unit = {"weights": "as given to ATen", "measured_ms": {},
             "failed": {"packed for oneDNN": "RuntimeError: no oneDNN here"}}

@@ -82,6 +82,8 @@ def test_choose_unit_times_attention_in_mlas_against_the_fastest_weights_variant
     pair = {"ATen": measured[f"packed for oneDNN, {unit.ACTIVATIONS} in ATen"],
             "MLAS": measured[f"packed for oneDNN, {unit.ACTIVATIONS} in MLAS"]}
     assert choice[unit.ACTIVATIONS] == min(pair, key=pair.get)
+    in_mlas = choice[unit.ACTIVATIONS] == "MLAS"
+    assert choice["variant"] == (f"packed for oneDNN, {unit.ACTIVATIONS} in MLAS" if in_mlas else "packed for oneDNN")
     assert bool(choice.get("libraries")) == (choice[unit.ACTIVATIONS] == "MLAS")
     assert unit.chosen_variant(choice).ort_within == ("activations" if choice[unit.ACTIVATIONS] == "MLAS" else "all")
 

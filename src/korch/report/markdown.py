@@ -74,6 +74,9 @@ def _executable(x: dict | None) -> list[str]:
                 layout += "; 1x1 convolutions " + {
                     "products": "as products", "library": "by the library",
                     "as planned": "as products, by the library where the plan measured so"}.get(pointwise, pointwise)
+            activations = x["unit"].get("products of activations")  # runtime/unit.py's ACTIVATIONS
+            if activations:
+                layout += f"; products of activations and softmaxes in {activations}"
             lines.append(f"- the unit's weights: {x['unit']['weights']}{layout}; the fastest as measured ("
                          + ", ".join(f"{name} {ms:.3g} ms" for name, ms in measured.items()) + ")")
         for name, why in x.get("unit", {}).get("failed", {}).items():
@@ -95,7 +98,7 @@ def _executable(x: dict | None) -> list[str]:
 def unit_seconds(executable: dict | None) -> float | None:
     """What the executable's compiled unit took a call when it was built (the variant it runs), if it was timed."""
     unit = (executable or {}).get("unit", {})
-    measured_ms = unit.get("measured_ms", {}).get(unit.get("weights"))
+    measured_ms = unit.get("measured_ms", {}).get(unit.get("variant", unit.get("weights")))
     return measured_ms / 1e3 if measured_ms else None
 
 

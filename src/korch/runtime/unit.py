@@ -345,6 +345,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         label = f"pointwise convolutions {PLANNED if as_planned else 'as products'}"
         if challenge(best, by_library, {"pointwise_products": False}, label):
             best, choice["pointwise convolutions"] = by_library, "library"
+    choice["variant"] = best  # what the unit runs: the weights' variant as the challenges above changed it
     choice["measured_ms"] = {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}
     if errors:  # recorded, so that a variant that never compiles is seen (the manifest, report.md)
         choice["failed"] = {n: one_line(e, 200) for n, e in errors.items()}

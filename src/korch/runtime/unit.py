@@ -80,11 +80,12 @@ class Variant:
     in ONNX Runtime's MLAS (``backends/ort_gemm.py``): ``ort_within`` "all" of them, "planned" only in the
     kernels the plan measured so (the MLAS backend's; elsewhere as Inductor's kernels were measured, packed for
     oneDNN: the unit that runs each kernel the way its plan priced it), "activations" only products of two
-    activations and softmaxes (attention's; the weights' products by the other libraries); ``channels_last_boundaries``, values a convolution
-    reads are stored channels-last between kernels (``kernel_boundaries``); ``pointwise_products``, 1x1
-    convolutions are products over the channels and depthwise ones over channels-last values their taps' sums
-    (``torch_ops._pointwise_conv``, ``_depthwise_conv``) but in the kernels the plan measured with the
-    library's (``library_conv_kernels``), else the library's everywhere."""
+    activations and softmaxes (attention's; the weights' products by the other libraries);
+    ``channels_last_boundaries``, values a convolution reads are stored channels-last between kernels
+    (``kernel_boundaries``); ``pointwise_products``, 1x1 convolutions are products over the channels and
+    depthwise ones over channels-last values their taps' sums (``torch_ops._pointwise_conv``,
+    ``_depthwise_conv``) but in the kernels the plan measured with the library's (``library_conv_kernels``),
+    else the library's everywhere."""
 
     prepack: bool
     ort_kernels: bool = False
@@ -285,7 +286,8 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         -> tuple[bytes, dict]:
     """The fastest of the plan's units over ``VARIANTS``, and what was measured: the variants take turns
     (``CHOICE_ROUNDS`` rounds; each one's fastest call, ``_fastest_seconds``). A variant that fails to compile
-    is left out; if all fail, the first failure is raised. A graph with convolutions then has the fastest also
+    is left out; if all fail, the first failure is raised. A fastest unit without MLAS is compiled again with
+    attention's products and softmaxes in MLAS (``ort_within="activations"``), and the two take turns. A graph with convolutions then has the fastest also
     compiled with NCHW values between its kernels, and the two take turns again; ``config.unit_boundaries`` ("nchw",
     "channels-last") instead fixes that layout for every variant, and a plan that chose each value's layout
     (``plan.stats["layouts"] == "chosen"``) has every variant store them as planned. A graph with 1x1 convolutions last has the

@@ -28,6 +28,7 @@ def _child(system: str, outdir: str, calls: int) -> float:
     """Median seconds of one call of ``system`` ("korch" or "onnxruntime") on the OUTDIR's model."""
     sys.path.insert(0, str(ROOT / "src"))
     import korch  # noqa: F401  (first: it sets OpenMP's spinning before torch loads)
+    from korch.ir.ort import input_specs
     from korch.runtime.selfcheck import seeded_inputs
 
     if system == "korch":
@@ -43,8 +44,7 @@ def _child(system: str, outdir: str, calls: int) -> float:
         from interleaved_ort import ort_session  # this directory's: the same session the turns benchmark times
 
         session = ort_session(Path(outdir) / "reference.onnx")
-        types = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(bool)": "bool"}
-        feeds = seeded_inputs({i.name: (tuple(i.shape), types[i.type]) for i in session.get_inputs()})
+        feeds = seeded_inputs(input_specs(session))
 
         def call():
             session.run(None, feeds)

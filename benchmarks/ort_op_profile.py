@@ -27,7 +27,7 @@ def profile(path: str, threads: int, level: str, runs: int, warmup: int) -> list
     import onnxruntime as ort
 
     sys.path.insert(0, str(ROOT / "src"))
-    from korch.ir.ort import random_inputs
+    from korch.ir.ort import input_specs, random_inputs
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -35,9 +35,7 @@ def profile(path: str, threads: int, level: str, runs: int, warmup: int) -> list
     options.enable_profiling = True
     options.profile_file_prefix = os.path.join(tempfile.mkdtemp(prefix="korch-ort-profile-"), "run")
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    types = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(bool)": "bool"}
-    feed = random_inputs({i.name: (tuple(d if isinstance(d, int) else 1 for d in i.shape), types[i.type])
-                          for i in session.get_inputs()})
+    feed = random_inputs(input_specs(session))
     for _ in range(warmup + runs):
         session.run(None, feed)
     trace = session.end_profiling()

@@ -78,6 +78,15 @@ def run_node(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray
     return sess.run(list(outs), feeds)
 
 
+def input_specs(session: ort.InferenceSession) -> dict[str, tuple[tuple[int, ...], str]]:
+    """A session's inputs as ``random_inputs`` takes them: named axes as 1, ONNX Runtime's type names
+    ("tensor(float)") as numpy's ("float32")."""
+    numpy_name = {"float": "float32", "double": "float64"}
+    return {i.name: (tuple(d if isinstance(d, int) else 1 for d in i.shape),
+                     numpy_name.get(i.type[len("tensor("):-1], i.type[len("tensor("):-1]))
+            for i in session.get_inputs()}
+
+
 def random_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random arrays: floats ~ N(0, 1), ints in [0, 10), bools fair coins."""
     rng = np.random.default_rng(seed)

@@ -17,7 +17,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +29,7 @@ def _child(system: str, outdir: str, calls: int) -> float:
     import korch  # noqa: F401  (first: it sets OpenMP's spinning before torch loads)
     from korch.ir.ort import input_specs
     from korch.runtime.selfcheck import seeded_inputs
+    from interleaved_ort import ort_session, round_median_s  # this directory's: as the turns benchmark times
 
     if system == "korch":
         import torch
@@ -41,8 +41,6 @@ def _child(system: str, outdir: str, calls: int) -> float:
         def call():
             executable(*inputs)
     else:
-        from interleaved_ort import ort_session  # this directory's: the same session the turns benchmark times
-
         session = ort_session(Path(outdir) / "reference.onnx")
         feeds = seeded_inputs(input_specs(session))
 
@@ -50,12 +48,7 @@ def _child(system: str, outdir: str, calls: int) -> float:
             session.run(None, feeds)
     for _ in range(WARMUP):
         call()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return round_median_s(call, calls)
 
 
 def main(argv=None) -> int:

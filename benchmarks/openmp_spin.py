@@ -84,8 +84,9 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="korch-spin-") as tmp:
         for model in args.models.split(","):
-            outdir = model if os.path.isdir(model) else os.path.join(tmp, model)
-            if outdir != model:
+            outdir = model
+            if not os.path.isdir(model):
+                outdir = os.path.join(tmp, model)
                 subprocess.run([sys.executable, "-m", "korch", "optimize", f"zoo:{model}", "--cost", "roofline", "-q",
                                 "-o", outdir], env=_environment({"GOMP_SPINCOUNT": str(threads.SPIN_COUNT)}),
                                check=True, capture_output=True)

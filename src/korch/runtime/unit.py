@@ -429,9 +429,8 @@ def check_compatible(recorded: dict, where: str) -> None:
         if recorded.get(key) != here[key]:
             raise KorchError(f"{where}: its compiled unit was built for {what} {recorded.get(key)}, this machine "
                              f"has {here[key]}: run korch optimize again here")
-    variant = VARIANTS.get(recorded.get("weights"))
-    calls_ort = recorded.get("weights") == _EARLIER_ORT_VARIANT or recorded.get(ACTIVATIONS) == "MLAS" \
-        or (variant is not None and variant.ort_kernels)
+    calls_ort = recorded.get("weights") == _EARLIER_ORT_VARIANT or (
+        recorded.get("weights") in VARIANTS and chosen_variant(recorded).ort_kernels)
     if calls_ort and not recorded.get("libraries"):
         # units of korch before 2026-11-24 called a Python operator (korch::ort_matmul) that is gone
         raise KorchError(f"{where}: its compiled unit calls an ONNX Runtime GEMM operator of an earlier korch: "

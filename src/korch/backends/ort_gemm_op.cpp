@@ -5,7 +5,7 @@
 // Each weight gets one-MatMul ONNX Runtime sessions with one intra-op thread each (MLAS packs the weight
 // once, when a session opens), run on torch's own threads (at::parallel_for): ONNX Runtime's thread pools
 // never start, so MLAS never waits for cores that torch's OpenMP workers hold. A small weight (at most
-// kRowSplitBytes) multiplied by enough rows has one session and the threads split the rows. A larger one,
+// kRowSplitBytes) multiplied by enough rows has a session per thread and the threads split the rows. A larger one,
 // or one first called with too few rows to split (one token of a decoder), is cut into column blocks, a
 // session each, and each thread multiplies every row by its block, so that it streams its share of the
 // weight, not all of it (rows split made both threads read the whole weight: 4% slower on ViT's
@@ -158,20 +158,30 @@ class Runtime {
   OrtMemoryInfo* cpu_ = nullptr;
 };
 
+// ONNX Runtime's Run takes a lock of its session: two threads running one session wait on each other in the
+// kernel (futex) when one arrives while the other runs: YOLOX-Nano's unit, 77 products of small weights, ran its
+// median call in 6.05 ms with one session a weight and 5.3 ms with one a thread. So every thread runs sessions of
+// its own: a weight whose threads split the rows has a session per thread, an activation operator too.
 struct Gemm {
-  std::vector<OrtSession*> sessions;  // one (rows split), or one per column block
-  int64_t k, n;
+  // blocks == 1: one session of the whole weight per torch thread; else one per column block
+  std::vector<OrtSession*> sessions;
+  int64_t blocks, k, n;
 
   // block b's first column (b = blocks: n): the blocks cut n as evenly as integers allow
-  int64_t start(int64_t b) const { return n * b / static_cast<int64_t>(sessions.size()); }
+  int64_t start(int64_t b) const { return n * b / blocks; }
 };
+
+// the calling thread's session of ``sessions`` (one per torch thread)
+OrtSession* own(const std::vector<OrtSession*>& sessions) {
+  return sessions[at::get_thread_num() % sessions.size()];
+}
 
 std::mutex lock;
 std::unique_ptr<Runtime> runtime;
 // (unit token, slot) -> its sessions, which live until close_unit(unit) or as long as the process
 std::map<std::pair<int64_t, int64_t>, Gemm> gemms;
-// (unit token, slot, kind) -> the session of an activation operator
-std::map<std::tuple<int64_t, int64_t, std::string>, OrtSession*> op_sessions;
+// (unit token, slot, kind) -> the sessions of an activation operator, one per torch thread
+std::map<std::tuple<int64_t, int64_t, std::string>, std::vector<OrtSession*>> op_sessions;
 
 void open_runtime(c10::string_view library) {
   std::lock_guard<std::mutex> guard(lock);
@@ -194,10 +204,14 @@ const Gemm& gemm_for(const at::Tensor& w, int64_t unit, int64_t slot, int64_t ro
     if (blocks <= 0) {
       blocks = split_rows ? 1 : std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / kMinColumnsPerBlock));
     }
-    Gemm gemm{std::vector<OrtSession*>(blocks), w.size(0), n};
-    for (int64_t b = 0; b < blocks; ++b) {
+    Gemm gemm{{}, blocks, w.size(0), n};
+    if (blocks == 1) {
+      at::Tensor model = model_of.call(w.contiguous());
+      for (int t = 0; t < at::get_num_threads(); ++t) gemm.sessions.push_back(runtime->open(model));
+    }
+    for (int64_t b = 0; blocks > 1 && b < blocks; ++b) {
       at::Tensor block = w.narrow(1, gemm.start(b), gemm.start(b + 1) - gemm.start(b)).contiguous();
-      gemm.sessions[b] = runtime->open(model_of.call(block));
+      gemm.sessions.push_back(runtime->open(model_of.call(block)));
     }
     found = gemms.emplace(std::make_pair(unit, slot), std::move(gemm)).first;
   }
@@ -220,14 +234,14 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& w, int64_t unit, int64_
   at::Tensor rows = x.reshape({-1, x.size(-1)}).contiguous();
   const Gemm& gemm = gemm_for(w, unit, slot, rows.size(0));
   const int64_t m = rows.size(0), k = gemm.k, n = gemm.n;
-  const int64_t blocks = static_cast<int64_t>(gemm.sessions.size());
+  const int64_t blocks = gemm.blocks;
   at::Tensor out = at::empty({m, n}, x.options());
   float* x_data = rows.data_ptr<float>();
   if (blocks == 1) {
     float* y_data = out.data_ptr<float>();
     const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), m / kMinRows));
     at::parallel_for(0, m, (m + threads - 1) / threads, [&](int64_t begin, int64_t end) {
-      runtime->run(gemm.sessions[0], x_data + begin * k, y_data + begin * n, end - begin, k, n);
+      runtime->run(own(gemm.sessions), x_data + begin * k, y_data + begin * n, end - begin, k, n);
     });
   } else {
     // ONNX Runtime writes contiguous outputs: each block's product lands in its own part of ``scratch`` and
@@ -259,8 +273,8 @@ at::Tensor matmul_blocks(const at::Tensor& x, const at::Tensor& w, int64_t unit,
               "korch_ort::matmul_blocks multiplies float32 rows by a float32 matrix of columns divisible by ", blocks);
   at::Tensor rows = x.reshape({-1, x.size(-1)}).contiguous();
   const Gemm& gemm = gemm_for(w, unit, slot, rows.size(0), blocks);
-  TORCH_CHECK(static_cast<int64_t>(gemm.sessions.size()) == blocks, "korch_ort: unit ", unit, " slot ", slot,
-              " was opened in ", gemm.sessions.size(), " blocks, called with ", blocks);
+  TORCH_CHECK(gemm.blocks == blocks, "korch_ort: unit ", unit, " slot ", slot, " was opened in ", gemm.blocks,
+              " blocks, called with ", blocks);
   const int64_t m = rows.size(0), k = gemm.k, columns = gemm.n / blocks;
   at::Tensor out = at::empty({blocks, m, columns}, x.options());
   float *x_data = rows.data_ptr<float>(), *y_data = out.data_ptr<float>();
@@ -283,7 +297,7 @@ void close_unit(int64_t unit) {
   }
   for (auto it = op_sessions.begin(); it != op_sessions.end();) {
     if (std::get<0>(it->first) == unit) {
-      release(it->second);
+      for (OrtSession* session : it->second) release(session);
       it = op_sessions.erase(it);
     } else {
       ++it;
@@ -291,18 +305,20 @@ void close_unit(int64_t unit) {
   }
 }
 
-// the session of activation operator ``kind`` (a model korch::ort_op_model serializes) at (unit, slot)
-OrtSession* op_session(const std::string& kind, int64_t unit, int64_t slot) {
+// the sessions of activation operator ``kind`` (a model korch::ort_op_model serializes) at (unit, slot), one
+// per torch thread (``own`` picks the calling thread's)
+const std::vector<OrtSession*>& op_session(const std::string& kind, int64_t unit, int64_t slot) {
   std::lock_guard<std::mutex> guard(lock);
   TORCH_CHECK(runtime, "korch_ort: ONNX Runtime's library is not open (korch.backends.ort_gemm opens it)");
-  OrtSession*& session = op_sessions[{unit, slot, kind}];
-  if (session == nullptr) {
+  std::vector<OrtSession*>& sessions = op_sessions[{unit, slot, kind}];
+  if (sessions.empty()) {
     static auto model_of = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("korch::ort_op_model", "")
                                .typed<at::Tensor(c10::string_view)>();
-    session = runtime->open(model_of.call(kind));
+    at::Tensor model = model_of.call(kind);
+    for (int t = 0; t < at::get_num_threads(); ++t) sessions.push_back(runtime->open(model));
   }
-  return session;
+  return sessions;
 }
 
 // a @ b over equal leading (batch) axes, neither a constant. The threads split the batches, and the rows of
@@ -318,7 +334,7 @@ at::Tensor batched_matmul(const at::Tensor& a, const at::Tensor& b, int64_t unit
   const bool trans_b = !b.is_contiguous() && b.transpose(-1, -2).is_contiguous();
   at::Tensor a3 = a.reshape({-1, m, k}).contiguous();
   at::Tensor b3 = trans_b ? b.transpose(-1, -2).reshape({-1, n, k}) : b.reshape({-1, k, n}).contiguous();
-  OrtSession* session = op_session(trans_b ? "matmul_transb" : "matmul", unit, slot);
+  const std::vector<OrtSession*>& sessions = op_session(trans_b ? "matmul_transb" : "matmul", unit, slot);
   const int64_t batches = a3.size(0);
   at::Tensor out = at::empty({batches, m, n}, a.options());
   const int64_t threads = at::get_num_threads();
@@ -329,7 +345,7 @@ at::Tensor batched_matmul(const at::Tensor& a, const at::Tensor& b, int64_t unit
   at::parallel_for(0, batches * row_blocks, 1, [&](int64_t begin, int64_t end) {
     if (row_blocks == 1) {  // whole batches, one call
       const int64_t count = end - begin;
-      runtime->run(session,
+      runtime->run(own(sessions),
                    {{a_data + begin * m * k, {count, m, k}}, {b_data + begin * k * n, {count, b_rows, b_columns}}},
                    {y_data + begin * m * n, {count, m, n}});
       return;
@@ -337,7 +353,7 @@ at::Tensor batched_matmul(const at::Tensor& a, const at::Tensor& b, int64_t unit
     for (int64_t item = begin; item < end; ++item) {
       const int64_t batch = item / row_blocks, block = item % row_blocks;
       const int64_t first = m * block / row_blocks, rows = m * (block + 1) / row_blocks - first;
-      runtime->run(session, {{a_data + (batch * m + first) * k, {1, rows, k}},
+      runtime->run(own(sessions), {{a_data + (batch * m + first) * k, {1, rows, k}},
                              {b_data + batch * k * n, {1, b_rows, b_columns}}},
                    {y_data + (batch * m + first) * n, {1, rows, n}});
     }
@@ -353,11 +369,11 @@ at::Tensor softmax(const at::Tensor& x, int64_t unit, int64_t slot) {
   const int64_t c = x.size(-1), count = c == 0 ? 0 : rows.numel() / c;
   at::Tensor out = at::empty_like(rows);
   if (count == 0) return out;
-  OrtSession* session = op_session("softmax", unit, slot);
+  const std::vector<OrtSession*>& sessions = op_session("softmax", unit, slot);
   float *x_data = rows.data_ptr<float>(), *y_data = out.data_ptr<float>();
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count / kMinRows));
   at::parallel_for(0, count, (count + threads - 1) / threads, [&](int64_t begin, int64_t end) {
-    runtime->run(session, {{x_data + begin * c, {end - begin, c}}}, {y_data + begin * c, {end - begin, c}});
+    runtime->run(own(sessions), {{x_data + begin * c, {end - begin, c}}}, {y_data + begin * c, {end - begin, c}});
   });
   return out;
 }

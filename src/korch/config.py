@@ -42,6 +42,10 @@ fold_max_elements: int = int(os.environ.get("KORCH_FOLD_MAX_ELEMENTS", str(1 << 
 # the graph as given.
 move_linear_maps: bool = os.environ.get("KORCH_MOVE_LINEAR_MAPS", "1") != "0"
 
+# A convolution of a space-to-depth concatenation (YOLO's Focus stem) becomes one strided convolution of the
+# image (frontend/space_to_depth.py); 0 keeps the graph as given.
+fold_space_to_depth: bool = os.environ.get("KORCH_FOLD_SPACE_TO_DEPTH", "1") != "0"
+
 # A measured CPU search prices the kernels its optimum selects as they run in sequence (backends/in_place.py),
 # not only alone: "on", "off", or "auto": where some candidate kernel's values overflow the last-level cache
 # twice over (where alone, on warm inputs, a kernel runs faster than in the executable; docs/orchestration.md).

@@ -30,6 +30,7 @@ from korch.frontend.inputs import (
     require_static_inputs,
 )
 from korch.frontend.linear_motion import move_linear_maps
+from korch.frontend.space_to_depth import fold_space_to_depth
 from korch.frontend.noops import remove_noops
 from korch.frontend.shapes import Shapes, elem_type_of, infer, light_model, probe_with_ort
 
@@ -186,6 +187,8 @@ def _simplify(
         nodes, folded = folder.fold(nodes, constants, shapes)
         if not (removed or folded):
             nodes, moved = move_linear_maps(nodes, outputs, constants, shapes, opset)
+            nodes, folded_stem = fold_space_to_depth(nodes, outputs, constants, shapes)
+            moved += folded_stem
             rewrites += moved
         nodes, live = remove_dead(topo_sort(nodes), outputs)
         for name in [name for name in constants if name not in live]:

@@ -16,14 +16,20 @@ F = TensorProto.FLOAT
 FOCUS = [(0, 0), (1, 0), (0, 1), (1, 1)]
 
 
-def focus(*, phases=FOCUS, rows_end=1 << 30, stride=1, pads=1, kernel=3, concat_readers=1, dilation=1):
+def focus(*, phases=FOCUS, rows_end=1 << 30, stride=1, pads=1, kernel=3, concat_readers=1, dilation=1,
+          rows_in_two=False):
     """A (1, 3, 8, 10) image cut into ``phases`` by Slices of rows (up to ``rows_end``) then columns (as torch
-    exports ``x[..., dy::2, dx::2]``), concatenated over channels and convolved with a bias to 5 channels."""
+    exports ``x[..., dy::2, dx::2]``), concatenated over channels and convolved with a bias to 5 channels.
+    ``rows_in_two`` cuts the rows as ``x[..., dy:, :][..., ::2, :]``."""
     rng = np.random.default_rng(0)
-    nodes, parts, inits = [], [], []
+    nodes, parts, inits = [], [], [const("zero", np.array([0], np.int64)), const("one", np.array([1], np.int64))]
     for k, (dy, dx) in enumerate(phases):
         rows, part = f"rows{k}", f"part{k}"
-        nodes.append(helper.make_node("Slice", ["x", f"s{k}r", "rows_end", "axis2", "two"], [rows]))
+        if rows_in_two:
+            nodes.append(helper.make_node("Slice", ["x", f"s{k}r", "rows_end", "axis2", "one"], [f"from{k}"]))
+            nodes.append(helper.make_node("Slice", [f"from{k}", "zero", "rows_end", "axis2", "two"], [rows]))
+        else:
+            nodes.append(helper.make_node("Slice", ["x", f"s{k}r", "rows_end", "axis2", "two"], [rows]))
         nodes.append(helper.make_node("Slice", [rows, f"s{k}c", "big", "axis3", "two"], [part]))
         inits += [const(f"s{k}r", np.array([dy], np.int64)), const(f"s{k}c", np.array([dx], np.int64))]
         parts.append(part)
@@ -47,7 +53,7 @@ def _image(model) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("case", [dict(), dict(stride=2), dict(pads=0), dict(kernel=1, pads=0),
-                                  dict(phases=[(1, 1), (0, 0), (0, 1), (1, 0)])])
+                                  dict(phases=[(1, 1), (0, 0), (0, 1), (1, 0)]), dict(rows_in_two=True)])
 def test_the_stem_becomes_one_strided_convolution_of_the_image(case):
     model = focus(**case)
     imported = load_onnx(model)

@@ -63,6 +63,16 @@ def reads(node: NodeProto) -> list[str]:
     return names
 
 
+def fresh_name(stem: str, names: set[str]) -> str:
+    """``stem``, or ``stem_1``, ``stem_2``, ...: the first not in ``names``, which it joins."""
+    name, i = stem, 0
+    while name in names:
+        i += 1
+        name = f"{stem}_{i}"
+    names.add(name)
+    return name
+
+
 def _rename_captured(graph: GraphProto, mapping: Mapping[str, str]) -> None:
     local = _defined(graph)
     live = {k: v for k, v in mapping.items() if k not in local}

@@ -31,7 +31,7 @@ import numpy as np
 from onnx import NodeProto, helper
 
 from korch import config
-from korch.frontend.graph import attributes, is_op, reads
+from korch.frontend.graph import attributes, fresh_name, is_op, reads
 
 Shapes = dict[str, tuple[tuple[int, ...] | None, str | None]]
 
@@ -51,12 +51,7 @@ def move_linear_maps(nodes: list[NodeProto], outputs: list[str], constants: dict
     names = set(producer) | set(constants) | set(readers)
 
     def fresh(stem: str) -> str:
-        name, i = stem, 0
-        while name in names:
-            i += 1
-            name = f"{stem}_{i}"
-        names.add(name)
-        return name
+        return fresh_name(stem, names)
 
     removed: set[int] = set()
     added: list[NodeProto] = []

@@ -22,7 +22,7 @@ import numpy as np
 from onnx import NodeProto, helper
 
 from korch import config
-from korch.frontend.graph import attributes, is_op, reads
+from korch.frontend.graph import attributes, fresh_name, is_op, reads
 
 Shapes = dict[str, tuple[tuple[int, ...] | None, str | None]]
 
@@ -77,13 +77,12 @@ def _folded(conv: NodeProto, producer, readers, constants, shapes, names: set[st
     folded = np.zeros((out, channels, 2 * kh, 2 * kw), weight.dtype)
     for g, (dy, dx) in enumerate(phases):
         folded[:, :, dy::2, dx::2] = weight[:, g * channels:(g + 1) * channels]
-    name = _fresh(f"{conv.input[1]}_space_to_depth", names)
+    name = fresh_name(f"{conv.input[1]}_space_to_depth", names)
     constants[name] = folded
     strides = [2 * s for s in attrs.get("strides", [1, 1])]
     pads = [2 * p for p in attrs.get("pads", [0, 0, 0, 0])]
-    node = helper.make_node("Conv", [image, name, *conv.input[2:]], list(conv.output), name=conv.name,
+    return helper.make_node("Conv", [image, name, *conv.input[2:]], list(conv.output), name=conv.name,
                             strides=strides, pads=pads, kernel_shape=[2 * kh, 2 * kw])
-    return node
 
 
 def _phase(part: str, producer, constants, shapes) -> tuple[str, tuple[int, int]] | None:
@@ -109,7 +108,9 @@ def _phase(part: str, producer, constants, shapes) -> tuple[str, tuple[int, int]
             axis %= 4
             if t <= 0 or s < 0 or not 0 <= s < source[axis]:
                 return None
-            start[axis] += s * step[axis]  # this slice's index s of its input is start + s * step of the image's
+            # walking back from the part: its index i is start + i * step of this slice's output, which is
+            # s + (start + i * step) * t of this slice's input
+            start[axis] = s + start[axis] * t
             step[axis] *= t
         name = node.input[0]
     image_shape = shapes.get(name, (None, None))[0]
@@ -120,12 +121,3 @@ def _phase(part: str, producer, constants, shapes) -> tuple[str, tuple[int, int]
     halves = step[2:] == [2, 2] and all(s in (0, 1) for s in start[2:]) and all(
         isinstance(d, int) and d % 2 == 0 and p == d // 2 for d, p in zip(image_shape[2:], part_shape[2:]))
     return (name, (start[2], start[3])) if whole and halves else None
-
-
-def _fresh(stem: str, names: set[str]) -> str:
-    name, i = stem, 0
-    while name in names:
-        i += 1
-        name = f"{stem}_{i}"
-    names.add(name)
-    return name

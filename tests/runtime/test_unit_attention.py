@@ -96,3 +96,27 @@ def test_a_recorded_choice_with_attention_in_mlas_reads_back_and_needs_its_libra
     with pytest.raises(KorchError, match="earlier korch"):
         unit.check_compatible(recorded, "OUTDIR")
     unit.check_compatible({**recorded, "libraries": ["korch_ort_x.so"]}, "OUTDIR")
+
+
+@pytest.mark.parametrize("onednn_ms, challenger_ms", [(1.02, 0.9), (1.02, 1.1), (1.3, 0.9)])
+def test_an_all_mlas_unit_is_challenged_by_a_close_onednn_one_with_attention_in_mlas(monkeypatch, onednn_ms,
+                                                                                   challenger_ms):
+    """Where the all-MLAS unit is fastest and oneDNN's is within ATTENTION_CHALLENGE_WITHIN of it, oneDNN's is
+    compiled again with attention in MLAS and raced against the all-MLAS one; the faster is kept and recorded so
+    that it reads back. A oneDNN unit further behind is not compiled again."""
+    monkeypatch.setattr(unit, "VARIANTS", {name: unit.VARIANTS[name]
+                                           for name in ("packed for oneDNN", "MLAS by ONNX Runtime")})
+    challenger = f"packed for oneDNN, {unit.ACTIVATIONS} in MLAS"
+    table = {"packed for oneDNN": onednn_ms, "MLAS by ONNX Runtime": 1.0, challenger: challenger_ms}
+    monkeypatch.setattr(unit, "_fastest_seconds", lambda units, inputs, device: {n: table[n] / 1e3 for n in units})
+    result = optimize(_attention_model(), target="cpu", cost="roofline")
+    _, choice = unit.choose_unit(result.graph, result.plan)
+    close = onednn_ms <= unit.ATTENTION_CHALLENGE_WITHIN
+    assert (challenger in choice["measured_ms"]) == close
+    if close and challenger_ms < 1.0:
+        assert (choice["weights"], choice[unit.ACTIVATIONS], choice["variant"]) == ("packed for oneDNN", "MLAS",
+                                                                                  challenger)
+        assert unit.chosen_variant(choice) == unit.Variant(prepack=True, ort_kernels=True, ort_within="activations")
+    else:
+        assert choice["weights"] == choice["variant"] == "MLAS by ONNX Runtime"
+        assert unit.ACTIVATIONS not in choice and unit.chosen_variant(choice).ort_within == "all"

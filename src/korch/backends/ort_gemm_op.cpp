@@ -5,11 +5,11 @@
 // Each weight gets one-MatMul ONNX Runtime sessions with one intra-op thread each (MLAS packs the weight
 // once, when a session opens), run on torch's own threads (at::parallel_for): ONNX Runtime's thread pools
 // never start, so MLAS never waits for cores that torch's OpenMP workers hold. A small weight (at most
-// kRowSplitBytes) multiplied by enough rows has a session per thread and the threads split the rows. A larger one,
-// or one first called with too few rows to split (one token of a decoder), is cut into column blocks, a
-// session each, and each thread multiplies every row by its block, so that it streams its share of the
-// weight, not all of it (rows split made both threads read the whole weight: 4% slower on ViT's
-// 197x768x3072 product), at the cost of copying its block of the result into place.
+// kRowSplitBytes) multiplied by enough rows has a session per thread (one above kPerThreadBytes) and the
+// threads split the rows. A larger one, or one first called with too few rows to split (one token of a
+// decoder), is cut into column blocks, a session each, and each thread multiplies every row by its block, so
+// that it streams its share of the weight, not all of it (rows split made both threads read the whole weight:
+// 4% slower on ViT's 197x768x3072 product), at the cost of copying its block of the result into place.
 //
 // ONNX Runtime's C API is a table of function pointers whose order its authors never change (struct OrtApi in
 // onnxruntime_c_api.h; the wheel ships the library, not the header): korch names the slots it calls.
@@ -64,6 +64,11 @@ constexpr int64_t kMinColumnsPerBlock = 64;
 // weights of at most this many bytes are not cut: the threads split the rows (at least kMinRows each)
 constexpr int64_t kRowSplitBytes = 4 << 20;
 constexpr int64_t kMinRows = 16;
+// a weight whose threads split the rows gets a session per thread up to this many bytes and one they share above
+// it: each session packs a copy of the weight (BERT-base's twelve 768x768 output projections: 28 MB more), and a
+// larger weight's products are long beside the lock (the ViT block's all-MLAS unit, 768x768 weights: median
+// call 7.1 ms either way)
+constexpr int64_t kPerThreadBytes = 1 << 20;
 
 struct OrtApiBase {
   const void* const* (*GetApi)(uint32_t version);
@@ -163,7 +168,8 @@ class Runtime {
 // median call in 6.05 ms with one session a weight and 5.3 ms with one a thread. So every thread runs sessions of
 // its own: a weight whose threads split the rows has a session per thread, an activation operator too.
 struct Gemm {
-  // blocks == 1: one session of the whole weight per torch thread; else one per column block
+  // blocks == 1: sessions of the whole weight, one per torch thread (one in all above kPerThreadBytes); else
+  // one per column block
   std::vector<OrtSession*> sessions;
   int64_t blocks, k, n;
 
@@ -207,7 +213,8 @@ const Gemm& gemm_for(const at::Tensor& w, int64_t unit, int64_t slot, int64_t ro
     Gemm gemm{{}, blocks, w.size(0), n};
     if (blocks == 1) {
       at::Tensor model = model_of.call(w.contiguous());
-      for (int t = 0; t < at::get_num_threads(); ++t) gemm.sessions.push_back(runtime->open(model));
+      const int copies = w.numel() * 4 <= kPerThreadBytes ? at::get_num_threads() : 1;
+      for (int t = 0; t < copies; ++t) gemm.sessions.push_back(runtime->open(model));
     }
     for (int64_t b = 0; blocks > 1 && b < blocks; ++b) {
       at::Tensor block = w.narrow(1, gemm.start(b), gemm.start(b + 1) - gemm.start(b)).contiguous();

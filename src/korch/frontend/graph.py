@@ -63,6 +63,19 @@ def reads(node: NodeProto) -> list[str]:
     return names
 
 
+def producers_and_readers(nodes: Iterable[NodeProto], outputs: Iterable[str]) \
+        -> tuple[dict[str, NodeProto], dict[str, int]]:
+    """Each value's producing node, and how many times each value is read (a graph output counts once; an If or
+    Loop body's captures count)."""
+    nodes = list(nodes)
+    producer = {out: node for node in nodes for out in node.output if out}
+    readers: dict[str, int] = {name: 1 for name in outputs}
+    for node in nodes:
+        for name in reads(node):
+            readers[name] = readers.get(name, 0) + 1
+    return producer, readers
+
+
 def fresh_name(stem: str, names: set[str]) -> str:
     """``stem``, or ``stem_1``, ``stem_2``, ...: the first not in ``names``, which it joins."""
     name, i = stem, 0

@@ -31,7 +31,7 @@ import numpy as np
 from onnx import NodeProto, helper
 
 from korch import config
-from korch.frontend.graph import attributes, fresh_name, is_op, reads
+from korch.frontend.graph import attributes, fresh_name, is_op, producers_and_readers
 
 Shapes = dict[str, tuple[tuple[int, ...] | None, str | None]]
 
@@ -43,11 +43,7 @@ def move_linear_maps(nodes: list[NodeProto], outputs: list[str], constants: dict
     nothing changed). New weights, biases, sizes and shapes go into ``constants``."""
     if not config.move_linear_maps or opset < 11:  # Resize-10 has no sizes input
         return nodes, []
-    producer = {out: node for node in nodes for out in node.output if out}
-    readers: dict[str, int] = {name: 1 for name in outputs}
-    for node in nodes:
-        for name in reads(node):  # an If or Loop body's captures count
-            readers[name] = readers.get(name, 0) + 1
+    producer, readers = producers_and_readers(nodes, outputs)
     names = set(producer) | set(constants) | set(readers)
 
     def fresh(stem: str) -> str:

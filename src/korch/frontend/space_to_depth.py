@@ -22,9 +22,8 @@ import numpy as np
 from onnx import NodeProto, helper
 
 from korch import config
-from korch.frontend.graph import attributes, fresh_name, is_op, reads
-
-Shapes = dict[str, tuple[tuple[int, ...] | None, str | None]]
+from korch.frontend.graph import attributes, fresh_name, is_op, producers_and_readers
+from korch.frontend.shapes import Shapes
 
 
 def fold_space_to_depth(nodes: list[NodeProto], outputs: list[str], constants: dict[str, np.ndarray],
@@ -33,11 +32,7 @@ def fold_space_to_depth(nodes: list[NodeProto], outputs: list[str], constants: d
     (the slices left for dead-code removal) and a line per convolution rewritten."""
     if not config.fold_space_to_depth:
         return nodes, []
-    producer = {out: node for node in nodes for out in node.output if out}
-    readers: dict[str, int] = {name: 1 for name in outputs}
-    for node in nodes:
-        for name in reads(node):
-            readers[name] = readers.get(name, 0) + 1
+    producer, readers = producers_and_readers(nodes, outputs)
     names = set(producer) | set(constants) | set(readers)
     replaced: dict[int, NodeProto] = {}
     done: list[str] = []

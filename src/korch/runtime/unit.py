@@ -331,10 +331,9 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     choice = {"weights": best}
     base = _attention_base(built, seconds, best) if ort_gemm.of_activations(graph) else None
     if base is not None:
-        by_mlas = f"{base}, {ACTIVATIONS} in MLAS"
-        label = f"{ACTIVATIONS} in ATen" if base == best else "again"
-        if base == best:
-            choice[ACTIVATIONS] = "ATen"
+        by_mlas, label = f"{base}, {ACTIVATIONS} in MLAS", "again"
+        if base == best:  # the best itself, recorded with attention where it runs
+            choice[ACTIVATIONS], label = "ATen", f"{ACTIVATIONS} in ATen"
         if challenge(best, by_mlas, {"ort_kernels": True, "ort_within": "activations"}, label, base):
             best, choice["weights"], choice[ACTIVATIONS] = by_mlas, base, "MLAS"
     if planned:

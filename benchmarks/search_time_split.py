@@ -2,7 +2,8 @@
 
 Runs ``korch.optimize(MODEL, cost="measured")`` without building the executable, with the solver's
 ``solve`` and the measurer's ``measure`` wrapped to add up their seconds, and prints one JSON line: seconds
-and count of each, every solve's (proving?, seconds), and the measurement stats of the plan.
+and count of each, every solve's (proving?, seconds), every measurement's (candidates asked, kernels built,
+seconds), and the measurement stats of the plan.
 
     python benchmarks/search_time_split.py zoo:candy --db /tmp/candy.sqlite [--target cpu]
 
@@ -31,7 +32,7 @@ def main(argv=None) -> int:
     parser.add_argument("--db", required=True)
     parser.add_argument("--target", default="cpu")
     args = parser.parse_args(argv)
-    split = {"solve_s": 0.0, "solves": [], "measure_s": 0.0, "measure_calls": 0}
+    split = {"solve_s": 0.0, "solves": [], "measure_s": 0.0, "measure_calls": 0, "measures": []}
     solve, measure_ids = solver.Solver.solve, measure.KernelMeasurer.measure
 
     def timed_solve(self, *a, **k):
@@ -44,12 +45,14 @@ def main(argv=None) -> int:
             split["solves"].append((bool(k.get("prove", True)), round(took, 3)))
 
     def timed_measure(self, ids):
-        start = time.perf_counter()
+        start, built = time.perf_counter(), self.stats.measured
         try:
             return measure_ids(self, ids)
         finally:
-            split["measure_s"] += time.perf_counter() - start
+            took = time.perf_counter() - start
+            split["measure_s"] += took
             split["measure_calls"] += 1
+            split["measures"].append((len(ids), self.stats.measured - built, round(took, 3)))
 
     solver.Solver.solve, measure.KernelMeasurer.measure = timed_solve, timed_measure
     start = time.perf_counter()

@@ -189,7 +189,8 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
         with stage("measure and solve" if measurer else "solve"):
             kernels, segment_reports, conversions = solve_segments(
                 graph, candidates, segments, bounds, time_limit, progress.on_segment, measurer,
-                conversion_cost=_conversion_cost(graph, device, measurer), in_place=in_place)
+                conversion_cost=_conversion_cost(graph, device, measurer), in_place=in_place,
+                measure_ahead=config.measure_ahead)
     finally:
         if measurer is not None:
             measurer.close()

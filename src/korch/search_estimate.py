@@ -9,9 +9,9 @@ here on a sample, compiled for the target's architecture in spawned processes (`
 an Inductor kernel is charged the mean of those (Inductor cannot generate GPU code without a GPU). Compiles
 spread over ``jobs`` cores of the machine the search will run on.
 
-Two bounds: every signature measured (what the lazy search approaches while floors are loose: it measured
-93-98% of the signatures of the BERT layer and ViT block on the CPU), and the roofline plan's kernels alone
-(one round of the lazy search, the least it can do).
+Two bounds: every signature measured (what the search does while floors are loose: it measures ahead every
+column still in reach of a cheaper plan, nearly all of them, docs/orchestration.md), and the roofline plan's
+kernels alone (one round of the lazy search, the least it can do).
 """
 
 from __future__ import annotations

@@ -118,8 +118,9 @@ def _bits(ts) -> int:
     return sum(1 << t for t in ts)
 
 
-def subset_minimum(problem: Problem) -> float:
-    """Cheapest executable subset, by trying every subset of candidates (vectorised)."""
+def subset_minimum(problem: Problem, containing: int | None = None) -> float:
+    """Cheapest executable subset, by trying every subset of candidates (vectorised); ``containing``: of the
+    subsets that hold this candidate."""
     k = len(problem.costs)
     masks = np.arange(1 << k, dtype=np.int64)
     avail = np.zeros_like(masks)
@@ -137,6 +138,8 @@ def subset_minimum(problem: Problem) -> float:
                 changed = True
     req = _bits(problem.required)
     good = (ran == masks) & ((avail & req) == req)
+    if containing is not None:
+        good &= ((masks >> containing) & 1).astype(bool)
     cost = np.zeros(len(masks))
     for c in range(k):
         cost += np.where((masks >> c) & 1, problem.costs[c], 0.0)  # an excluded (inf) candidate, where chosen

@@ -127,6 +127,24 @@ def test_small_random_problems_match_brute_force_over_every_subset():
     assert cyclic > 0 and lazily_cut > 0
 
 
+def test_columns_out_of_reach_are_in_no_cheaper_plan():
+    """``could_improve``: a column it leaves out is in no plan cheaper than the given cost (brute force over the
+    subsets that hold it), and it does leave columns out."""
+    out_of_reach = 0
+    rng = np.random.default_rng(7)
+    for p in random_problems(120, seed=2, nodes=(5, 10), max_candidates=16):
+        solver = Solver(p)
+        optimum = solver.solve().objective
+        upper = optimum * float(rng.uniform(1.0, 1.5))
+        reach = solver.could_improve(upper)
+        assert len(reach) == len(set(reach))
+        for c in set(range(len(p.costs))) - set(reach):
+            assert subset_minimum(p, containing=c) > upper * (1 - 1e-9)
+            out_of_reach += 1
+    print(f"{out_of_reach} columns out of reach")
+    assert out_of_reach > 0
+
+
 def test_larger_random_problems_match_a_search_over_available_tensors():
     cyclic = lazily_cut = 0
     for p in random_problems(300, seed=1, nodes=(5, 13), max_candidates=150, max_preds=3):

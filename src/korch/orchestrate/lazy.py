@@ -74,7 +74,8 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
                  measured: Mapping[int, float] | None = None, time_limit: float | None = None,
                  first: Sequence[bool] | None = None,
                  on_round: Callable[[int, int], None] | None = None,
-                 in_place: Callable[[Sequence[int]], Mapping[int, float]] | None = None) -> LazyResult:
+                 in_place: Callable[[Sequence[int]], Mapping[int, float]] | None = None,
+                 eager: int = 0) -> LazyResult:
     """The cheapest executable plan under measured latencies, measuring as few candidates as it can.
 
     ``problem.costs`` is ignored: a candidate costs ``measured[c]`` when known
@@ -97,6 +98,9 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     so priced (each keeps its first such price), and only a plan of kernels all
     priced in place is proven and returned. An empty answer (the sequence did not
     run) leaves the times alone in force from then on.
+    ``eager``: unmeasured columns a round measures beside its plan's, at most: those that the root relaxation's
+    reduced costs leave in reach of a plan cheaper than the cheapest measured one (``Solver.could_improve``),
+    least reduced cost first. Fewer rounds, more measurements (docs/orchestration.md, "Measuring ahead").
     """
     if len(bounds) != len(problem.costs):
         raise ValueError(f"{len(bounds)} bounds for {len(problem.costs)} candidates")
@@ -152,6 +156,10 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         if todo and not quick:  # a proof stopped at cheaper plans: measure every one's unmeasured kernels
             planned = set(todo)
             todo += [c for c in solver.flagged_seen if c not in known and c not in planned]
+        if todo and eager and cheapest is not None:  # and columns a plan cheaper than the best measured may select
+            planned = set(todo)
+            todo += [c for c in solver.could_improve(cheapest.objective) if c not in known and c not in planned
+                     ][:eager]
         if not todo:
             if solution.optimal:
                 return result(_cheaper(solution, cheapest, lower))

@@ -60,11 +60,12 @@ class _SegmentOracle:
         return {c: got[self.ids[c]] for c in answered}
 
 
-def _solve_segment(problem, ids, bounds, measurer, time_limit, first, in_place=None):
+def _solve_segment(problem, ids, bounds, measurer, time_limit, first, in_place=None, ahead=0):
     """The segment's solution, with measured latencies when a measurer is given: (solution, latency by local id,
     what the solves took: ``SegmentReport``'s solves, proofs, solve_s, dominated and in-place fields). Local ids
     past ``ids`` are layout conversions, priced in ``problem.costs`` already; ``first``, the columns whose optimum
-    starts the search (``Solver.solve``); ``in_place``, a timer of kernels in sequence (``InPlaceTimer``)."""
+    starts the search (``Solver.solve``); ``in_place``, a timer of kernels in sequence (``InPlaceTimer``);
+    ``ahead``, columns a round may measure beside its plan's (``solve_lazily``'s ``eager``)."""
     if measurer is None:
         solution = solve(problem, time_limit=time_limit, first=first)
         return solution, {}, {"solves": 1, "proofs": 1, "solve_s": solution.seconds}
@@ -78,7 +79,8 @@ def _solve_segment(problem, ids, bounds, measurer, time_limit, first, in_place=N
         return timed and {c: timed[ids[c]] if c < len(ids) else problem.costs[c] for c in order}
 
     result = solve_lazily(problem, local_bounds, _SegmentOracle(measurer, ids), measured=measured,
-                          time_limit=time_limit, first=first, in_place=in_sequence if in_place else None)
+                          time_limit=time_limit, first=first, in_place=in_sequence if in_place else None,
+                          eager=ahead)
     solving = {"solves": result.rounds, "proofs": result.proofs, "solve_s": result.solve_s,
                "dominated": result.dominated, "in_place_rounds": result.sequences,
                "timed_in_place": sum(c in result.placed for c in result.solution.order if c < len(ids))}
@@ -87,12 +89,13 @@ def _solve_segment(problem, ids, bounds, measurer, time_limit, first, in_place=N
 
 def solve_segments(graph: Graph, candidates: CandidateSet, segments: Sequence[Segment], bounds: Sequence[float],
                    time_limit: float | None, on_segment: Callable[[int, int], None] | None = None,
-                   measurer=None, conversion_cost: Callable[[Conversion], float] | None = None, in_place=None) \
+                   measurer=None, conversion_cost: Callable[[Conversion], float] | None = None, in_place=None,
+                   measure_ahead: int = 0) \
         -> tuple[list[PlannedKernel], list[SegmentReport], list[PlannedConversion]]:
     """The plan's kernels in execution order, a report per segment (``time_limit``: seconds for all), and the
     layout conversions chosen (``conversion_cost`` prices them, when candidates have layout columns). ``in_place``
     (with a measurer): ``time(candidate_ids)`` times kernels in that order, in sequence, and the optimum is priced
-    in place (``_solve_segment``)."""
+    in place (``_solve_segment``); ``measure_ahead``, columns each round may measure beside its plan's."""
     deadline = None if time_limit is None else time.perf_counter() + time_limit
     kernels: list[PlannedKernel] = []
     reports: list[SegmentReport] = []
@@ -103,7 +106,8 @@ def solve_segments(graph: Graph, candidates: CandidateSet, segments: Sequence[Se
         problem, ids, conversions = segment_problem(graph, candidates, segment, bounds, conversion_cost)
         remaining = None if deadline is None else max(deadline - time.perf_counter(), 0.5)
         solution, latencies, solving = _solve_segment(problem, ids, bounds, measurer, remaining,
-                                                      contiguous_columns(candidates, ids, conversions), in_place)
+                                                      contiguous_columns(candidates, ids, conversions), in_place,
+                                                      measure_ahead)
         for local in solution.order:
             if local >= len(ids):
                 move = conversions[local - len(ids)]

@@ -84,6 +84,8 @@ class Solver:
         self.cycle_cuts = 0
         self.last: list[int] = []  # the plan of the previous solve
         self.relaxed: tuple[int, ...] = ()  # the columns the last root relaxation set above 0
+        self.root_bound = 0.0  # the last root relaxation's objective (at the costs solved with)
+        self.reduced: np.ndarray | None = None  # and its columns' reduced costs (at those costs), None when dead
         self.flagged_seen: list[int] = []  # the flagged columns of the cheaper plans the last stopped proof met
         order, _, tlevel = ix.run([True] * ix.n)
         reason = ix.infeasible([True] * ix.n, tlevel)
@@ -193,6 +195,8 @@ class Solver:
                 x = np.array(h.getSolution().col_value[:n])
                 if root is None:
                     self.relaxed = tuple(int(c) for c in np.flatnonzero(x > _INTEGRAL))
+                    reduced = np.array(h.getSolution().col_dual[:n]) / self.scale
+                    self.root_bound, self.reduced = objective / self.scale, np.where(alive, reduced, np.nan)
                     if incumbent * self.scale <= objective * (1 + _TOLERANCE):
                         return None, objective / self.scale, False
                 root = objective if root is None else root
@@ -209,6 +213,16 @@ class Solver:
         finally:
             h.changeColsBounds(n, cols, np.zeros(n), np.array(alive, dtype=float))
             h.changeColsIntegrality(n, cols, np.ones(n, dtype=np.uint8))
+
+    def could_improve(self, upper: float) -> list[int]:
+        """The columns some plan cheaper than ``upper`` may select by the last root relaxation, least reduced
+        cost first: a plan that selects column j costs at least the relaxation's bound plus j's reduced cost
+        (reduced-cost fixing), so no such plan selects the others."""
+        if self.reduced is None:
+            return []
+        room = (upper - self.root_bound) * (1 + _TOLERANCE)
+        inside = np.flatnonzero(self.reduced <= room)
+        return [int(c) for c in inside[np.argsort(self.reduced[inside], kind="stable")]]
 
     def _mip(self, best: list[int], deadline: float, watch: "_StopFor | None" = None) \
             -> tuple[list[float] | None, float, bool]:

@@ -6,8 +6,9 @@ after a loop, and ONNX Runtime ran slower once something had compiled), and a pr
 the OUTDIR's ``reference.onnx`` (2 threads, all graph optimisations), one after the other, the same seeded
 inputs; each process reports the median of ``--calls`` calls after a warm-up. A system's latency is the
 median of its rounds; the ratio is ONNX Runtime's over korch's, and also of the two systems' fastest rounds.
+``--compile`` adds a third process a round: torch.compile of the zoo model's module (default mode).
 
-    python benchmarks/alone_ort.py OUTDIR... [--rounds 3] [--calls 300] --out benchmarks/results/FILE.json
+    python benchmarks/alone_ort.py OUTDIR... [--rounds 3] [--calls 300] [--compile] --out benchmarks/results/FILE.json
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ def _child(system: str, outdir: str, calls: int) -> float:
 
         def call():
             executable(*inputs)
+    elif system == "torch.compile":  # the zoo model's own module, Inductor's default mode; compiled in the warm-up
+        import torch
+
+        from korch import zoo
+
+        manifest = json.loads((Path(outdir) / "manifest.json").read_text())
+        module, _ = zoo.build(manifest["model"])
+        feeds = seeded_inputs(input_specs(ort_session(Path(outdir) / "reference.onnx")))
+        inputs = [torch.from_numpy(v) for v in feeds.values()]
+        compiled = torch.compile(module.eval())
+
+        def call():
+            with torch.no_grad():
+                compiled(*inputs)
     else:
         session = ort_session(Path(outdir) / "reference.onnx")
         feeds = seeded_inputs(input_specs(session))
@@ -57,6 +72,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--compile", action="store_true",
+                        help="also torch.compile of the zoo model's module (default mode), alone in its processes")
     parser.add_argument("--child", nargs=2, metavar=("SYSTEM", "OUTDIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -70,7 +87,7 @@ def main(argv=None) -> int:
     rows = []
     for outdir in args.outdirs:
         manifest = json.loads((Path(outdir) / "manifest.json").read_text())
-        rounds = {"korch": [], "onnxruntime": []}
+        rounds = {"korch": [], "onnxruntime": [], **({"torch.compile": []} if args.compile else {})}
         for _ in range(args.rounds):
             for system in rounds:
                 done = subprocess.run([sys.executable, __file__, "--child", system, outdir, "--calls", str(args.calls)],
@@ -86,8 +103,13 @@ def main(argv=None) -> int:
                      # YOLOX-Nano 3.9 or 6.9 ms, minutes apart), the ratio of what each does in its good processes
                      "best_onnxruntime_over_korch": round(best["onnxruntime"] / best["korch"], 3),
                      "rounds_ms": {system: [round(ms, 3) for ms in v] for system, v in rounds.items()}})
+        if args.compile:
+            rows[-1].update(compile_ms=round(median["torch.compile"], 3),
+                            compile_over_korch=round(median["torch.compile"] / median["korch"], 3),
+                            best_compile_over_korch=round(best["torch.compile"] / best["korch"], 3))
         print(json.dumps({k: rows[-1][k] for k in ("model", "korch_ms", "onnxruntime_ms", "onnxruntime_over_korch",
-                                                   "best_onnxruntime_over_korch")}))
+                                                   "best_onnxruntime_over_korch", "compile_over_korch")
+                          if k in rows[-1]}))
     bench.write_record(bench.record("korch against ONNX Runtime, each alone in fresh processes",
                                     "benchmarks/alone_ort.py", argv, rows=rows), args.out)
     return 0

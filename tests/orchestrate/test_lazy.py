@@ -141,6 +141,30 @@ class StepClock:
         return self.oracle.measure(candidate_ids)
 
 
+class ColumnClock(StepClock):
+    """A clock that moves one second per column measured."""
+
+    calls = 0
+
+    def measure(self, candidate_ids):
+        self.now, self.calls = self.now + len(candidate_ids), self.calls + 1
+        return self.oracle.measure(candidate_ids)
+
+
+def test_measuring_ahead_leaves_out_what_the_time_limit_has_no_room_for(monkeypatch):
+    from korch.orchestrate import lazy
+
+    p, bounds = setup(0)
+    clock = ColumnClock(Oracle(bounds, 0, factors=(3, 15)))
+    monkeypatch.setattr(lazy, "time", clock)
+    limit = 120.0
+    result = solve_lazily(p, bounds, clock, time_limit=limit, eager=256)
+    plan_size = 80  # a plan's columns, about one per node at most: what a round measures besides its eager ones
+    assert limit <= clock.now <= limit + plan_size  # without the time check, round 2 alone measures 256 ahead
+    assert clock.calls <= 3 and executes(p, result.solution.order)  # it did measure ahead: the first plan, then
+    # columns ahead up to the limit (a strictly lazy search takes a call per plan)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_time_limit_ends_the_measuring_with_the_cheapest_measured_plan_and_an_honest_gap(seed, monkeypatch):
     from korch.orchestrate import lazy

@@ -100,7 +100,8 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     run) leaves the times alone in force from then on.
     ``eager``: unmeasured columns a round measures beside its plan's, at most: those that the root relaxation's
     reduced costs leave in reach of a plan cheaper than the cheapest measured one (``Solver.could_improve``),
-    least reduced cost first. Fewer rounds, more measurements (docs/orchestration.md, "Measuring ahead").
+    least reduced cost first, and no more than the time limit leaves room for at the slowest pace measured.
+    Fewer rounds, more measurements (docs/orchestration.md, "Measuring ahead").
     """
     if len(bounds) != len(problem.costs):
         raise ValueError(f"{len(bounds)} bounds for {len(problem.costs)} candidates")
@@ -122,6 +123,8 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     rounds, quick, budget, solve_s, proofs = 0, True, PROOF_BUDGET_S, 0.0, 0
     deadline = math.inf if time_limit is None else time.perf_counter() + time_limit
     lower, cheapest = 0.0, None  # the highest lower bound proved, the cheapest plan whose kernels are all measured
+    per_column = 0.0  # the most seconds an oracle call took per column asked (its twins and database answers are
+    # quick, building a large kernel is not: the slowest pace is the one a limited search can rely on)
     while True:
         costs = [known.get(c, bound) for c, bound in enumerate(bounds)]
         # measured kernels replace them: no optimum needs them (only kernels priced for good replace: a time alone
@@ -157,9 +160,12 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
             planned = set(todo)
             todo += [c for c in solver.flagged_seen if c not in known and c not in planned]
         if todo and eager and cheapest is not None:  # and columns a plan cheaper than the best measured may select
-            planned = set(todo)
-            todo += [c for c in solver.could_improve(cheapest.objective) if c not in known and c not in planned
-                     ][:eager]
+            planned, room = set(todo), eager
+            if per_column and math.isfinite(deadline):  # no more than the time left allows, at the slowest pace
+                room = min(eager, int(max(deadline - time.perf_counter(), 0.0) / per_column) - len(todo))
+            if room > 0:
+                todo += [c for c in solver.could_improve(cheapest.objective) if c not in known and c not in planned
+                         ][:room]
         if not todo:
             if solution.optimal:
                 return result(_cheaper(solution, cheapest, lower))
@@ -177,7 +183,9 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         quick = True
         if on_round is not None:
             on_round(rounds, len(todo))
+        started = time.perf_counter()
         answers = oracle.measure(todo)
+        per_column = max(per_column, (time.perf_counter() - started) / len(todo))
         for c in todo:
             if c not in answers:
                 raise OracleError(f"the cost oracle returned no latency for candidate {c}")

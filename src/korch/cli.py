@@ -134,7 +134,7 @@ def cmd_optimize(args) -> int:
             precision=args.precision, cuda_graph=False if args.no_cuda_graph else None,
             tolerance=args.tolerance, check_inputs=read_npz(args.check_inputs, "--check-inputs"),
             input_values=input_values(args), unit_boundaries=args.unit_boundaries,
-            layouts=False if args.no_layouts else None)
+            layouts=False if args.no_layouts else None, measure_ahead=args.measure_ahead)
     out = args.output
     plan = result.plan
     optimal = all(s.optimal for s in plan.segments)
@@ -381,6 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, metavar="S",
                    help="seconds for the search: the solves and, with --cost measured, the measuring; past it, the "
                         "cheapest plan so far, with its gap to the optimum (default: none)")
+    p.add_argument("--measure-ahead", type=int, metavar="N",
+                   help="with --cost measured, candidate kernels each round may measure beside its plan's, those "
+                        "still in reach of a cheaper plan: fewer rounds, more kernels measured (default "
+                        f"{config.measure_ahead}; 0: only what each round's plan selects)")
     p.add_argument("--cut-points", metavar="FILE.toml", help="the Korch paper's cut points instead of automatic ones")
     p.add_argument("--max-kernel-nodes", type=int, metavar="N", help="largest candidate kernel, in primitives")
     p.add_argument("--plan-only", action="store_true", help="write the plan and the reports, no executable")

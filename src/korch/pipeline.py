@@ -84,7 +84,8 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
              compiled_unit: bool | None = None, progress: Progress | None = None,
              precision: str | None = None, cuda_graph: bool | None = None, tolerance: float | None = None,
              check_inputs: Mapping | None = None, input_values: Mapping | None = None,
-             unit_boundaries: str | None = None, layouts: bool | None = None) -> Optimized:
+             unit_boundaries: str | None = None, layouts: bool | None = None,
+             measure_ahead: int | None = None) -> Optimized:
     """The optimal plan of ``model`` (a path, ``zoo:NAME`` or a ModelProto) for ``target``, and with
     ``output`` its executable, built, checked against ONNX Runtime and written there.
 
@@ -105,7 +106,9 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     ``unit_boundaries`` (default ``config.unit_boundaries``): how a compiled unit lays out the values a
     convolution reads between kernels, "measured", "nchw" or "channels-last" (``runtime/unit.py``); a plan
     that chose its values' layouts (``layouts``, default ``config.layouts``: measured plans for CPUs,
-    ``orchestrate/layouts.py``) stores them as planned instead.
+    ``orchestrate/layouts.py``) stores them as planned instead. ``measure_ahead`` (default
+    ``config.measure_ahead``): columns a round of the measured search may measure beside its plan's
+    (``orchestrate/lazy.py``; 0: only what each round's plan selects).
     """
     from korch import config
     from korch import precision as policies
@@ -119,9 +122,13 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
         raise KorchError(f"--tolerance is a relative norm between 0 and 1, got {tolerance:g}")
     check = _Check(tolerance, dict(check_inputs) if check_inputs is not None else None, input_values)
     boundaries = config.checked_unit_boundaries(unit_boundaries or config.unit_boundaries)
+    if measure_ahead is not None and measure_ahead < 0:
+        raise KorchError(f"--measure-ahead is a number of candidate kernels, 0 or more, got {measure_ahead}")
     with policies.use(policy), config.patch(cuda_graph=config.cuda_graph if cuda_graph is None else cuda_graph,
                                             unit_boundaries=boundaries,
-                                            layouts=config.layouts if layouts is None else layouts):
+                                            layouts=config.layouts if layouts is None else layouts,
+                                            measure_ahead=config.measure_ahead if measure_ahead is None
+                                            else measure_ahead):
         return _optimize(model, output=output, target=target, cost=cost, db=db, jobs=jobs, input_shapes=input_shapes,
                          time_limit=time_limit, cut_points=cut_points, max_kernel_nodes=max_kernel_nodes,
                          plan_only=plan_only, compiled_unit=compiled_unit, progress=progress, check=check)

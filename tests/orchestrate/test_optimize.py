@@ -56,6 +56,7 @@ def test_optimize_cli_writes_plan_and_report(tmp_path):
     (["--time-limit", "-3"], "time limit"),
     (["--cut-points", "/nonexistent/cuts.toml"], "cuts.toml"),
     (["--cost", "guess"], "guess"),
+    (["--measure-ahead", "-1"], "--measure-ahead"),
 ])
 def test_optimize_bad_input_is_a_one_line_error(tmp_path, args, needle):
     result = korch("optimize", "zoo:candy", "-o", tmp_path / "out", *args)
@@ -67,3 +68,14 @@ def test_unreadable_cut_point_file(tmp_path):
     bad = tmp_path / "cuts.toml"
     bad.write_text("cut_points = [[[")
     assert_one_line_error(korch("optimize", "zoo:candy", "-o", tmp_path / "out", "--cut-points", bad), "cuts.toml")
+
+
+def test_measure_ahead_is_the_searchs_setting_for_the_call_only(monkeypatch):
+    from korch import config, pipeline
+
+    seen = []
+    monkeypatch.setattr(pipeline, "_optimize", lambda *a, **k: seen.append(config.measure_ahead))
+    default = config.measure_ahead
+    optimize("zoo:candy", target="cpu", measure_ahead=0)
+    optimize("zoo:candy", target="cpu")
+    assert seen == [0, default] and config.measure_ahead == default

@@ -209,7 +209,7 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
         stats["measurement"] = measurement_stats(measurer) | {
             "solves": sum(r.solves for r in segment_reports), "proofs": sum(r.proofs for r in segment_reports),
             "solve_s": math.fsum(r.solve_s for r in segment_reports),
-            "dominated": sum(r.dominated for r in segment_reports)}
+            "dominated": sum(r.dominated for r in segment_reports), "measure_ahead": config.measure_ahead}
         if in_place is not None:
             stats["measurement"]["in_place"] = {
                 "sequences": in_place.sequences, "kernels_timed": in_place.timed, "seconds": in_place.seconds,

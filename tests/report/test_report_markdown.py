@@ -47,3 +47,14 @@ def test_a_measured_plans_prediction_is_set_against_the_unit_it_runs_as_and_a_ro
     floor = predicted_against_measured("roofline", 0.005, runs)
     assert floor.startswith("a floor") and "20,000.0 µs the executable runs in" in floor
     assert unit_seconds(None) is None and unit_seconds({"runs": "compiled unit", "unit": {"measured_ms": {}}}) is None
+
+
+def test_the_search_cost_line_says_when_the_search_measured_ahead():
+    from korch.report.markdown import _measurement
+
+    m = {"device": "cpu", "backends": {"inductor": "9"}, "candidates": 9, "signatures": 5, "signatures_asked": 5,
+         "measured_share": 1.0, "from_database": 0, "kernels_measured": 5, "below_bound": 0, "failures": []}
+    (line,) = [line for line in _measurement(m | {"measure_ahead": 256}) if line.startswith("- search cost")]
+    assert "100% of the 5 distinct candidate kernels measured or looked up (each round up to 256 more" in line
+    (line,) = [line for line in _measurement(m | {"measure_ahead": 0}) if line.startswith("- search cost")]
+    assert "more than its plan" not in line and "looked up; " in line

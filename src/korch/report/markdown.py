@@ -22,7 +22,10 @@ def _measurement(m: dict | None) -> list[str]:
              f"{m.get('candidates', '?')} candidates ({m['from_database']} answered by the profile database); "
              f"**{m['kernels_measured']}** kernel builds checked and timed in this run",
              f"- search cost: {m.get('measured_share', 0):.0%} of the {m.get('signatures', '?')} distinct candidate "
-             f"kernels measured or looked up; {m.get('build_s', 0):.1f} s building and checking, "
+             f"kernels measured or looked up"
+             + (f" (each round up to {m['measure_ahead']} more than its plan's, those still in reach of a cheaper "
+                "plan)" if m.get("measure_ahead") else "")
+             + f"; {m.get('build_s', 0):.1f} s building and checking, "
              f"{m.get('timing_s', 0):.1f} s timing"
              + (f"; {m['solves']} solves of the program ({m['proofs']} of them branch and cut) took "
                 f"{m['solve_s']:.1f} s" if "solves" in m else "")

@@ -100,7 +100,8 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     run) leaves the times alone in force from then on.
     ``eager``: unmeasured columns a round measures beside its plan's, at most: those that the root relaxation's
     reduced costs leave in reach of a plan cheaper than the cheapest measured one (``Solver.could_improve``),
-    least reduced cost first, and no more than the time limit leaves room for at the slowest pace measured.
+    least reduced cost first, and no more than the time limit leaves room for at the slowest pace measured (once
+    a plan of measured kernels is in hand, a round measures no more than that room, its plan's kernels first).
     Fewer rounds, more measurements (docs/orchestration.md, "Measuring ahead").
     """
     if len(bounds) != len(problem.costs):
@@ -159,10 +160,13 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
         if todo and not quick:  # a proof stopped at cheaper plans: measure every one's unmeasured kernels
             planned = set(todo)
             todo += [c for c in solver.flagged_seen if c not in known and c not in planned]
+        # the columns the time left holds, at the slowest pace measured
+        fit = int(max(deadline - time.perf_counter(), 0.0) / per_column) if per_column and math.isfinite(deadline) \
+            else math.inf
+        if cheapest is not None and fit < len(todo):  # a measured plan in hand answers once the time is up:
+            todo = todo[:max(fit, 1)]                 # measure no more than the time holds, the plan's kernels first
         if todo and eager and cheapest is not None:  # and columns a plan cheaper than the best measured may select
-            planned, room = set(todo), eager
-            if per_column and math.isfinite(deadline):  # no more than the time left allows, at the slowest pace
-                room = min(eager, int(max(deadline - time.perf_counter(), 0.0) / per_column) - len(todo))
+            planned, room = set(todo), min(eager, fit - len(todo))
             if room > 0:
                 todo += [c for c in solver.could_improve(cheapest.objective) if c not in known and c not in planned
                          ][:room]

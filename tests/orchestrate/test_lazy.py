@@ -37,7 +37,7 @@ def test_lazy_plan_is_the_plan_of_measuring_everything(seed, eager):
     p, bounds = setup(seed)
     oracle = Oracle(bounds, seed)
     rounds = []
-    result = solve_lazily(p, bounds, oracle, on_round=lambda r, k: rounds.append((r, k)), eager=eager)
+    result = solve_lazily(p, bounds, oracle, on_round=lambda r, k: rounds.append((r, k)), measure_ahead=eager)
     everything = solve(dataclasses.replace(p, costs=tuple(oracle.latency)))
     assert result.solution.objective == pytest.approx(everything.objective, rel=1e-9)
     assert result.solution.optimal and executes(p, result.solution.order)
@@ -53,7 +53,8 @@ def test_lazy_plan_is_the_plan_of_measuring_everything(seed, eager):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_measuring_ahead_under_loose_floors_takes_fewer_rounds_to_the_same_optimum(seed):
     p, bounds = setup(seed)
-    lazy, ahead = (solve_lazily(p, bounds, Oracle(bounds, seed, factors=(3, 15)), eager=eager) for eager in (0, 256))
+    lazy, ahead = (solve_lazily(p, bounds, Oracle(bounds, seed, factors=(3, 15)), measure_ahead=eager)
+                   for eager in (0, 256))
     assert ahead.solution.objective == pytest.approx(lazy.solution.objective, rel=1e-9)
     assert ahead.solution.optimal and executes(p, ahead.solution.order)
     assert ahead.rounds < lazy.rounds and len(ahead.measured) >= len(lazy.measured)
@@ -159,7 +160,7 @@ def test_a_limited_search_measures_no_more_than_the_time_left_holds(monkeypatch,
     clock = ColumnClock(Oracle(bounds, 0, factors=(3, 15)))
     monkeypatch.setattr(lazy, "time", clock)
     limit = 120.0
-    result = solve_lazily(p, bounds, clock, time_limit=limit, eager=eager)
+    result = solve_lazily(p, bounds, clock, time_limit=limit, measure_ahead=eager)
     # once the first plan is measured, no round measures more than the time left holds (without the check,
     # round 2 alone would measure 256 ahead)
     assert limit <= clock.now <= limit + 1

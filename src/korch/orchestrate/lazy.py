@@ -75,7 +75,7 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
                  first: Sequence[bool] | None = None,
                  on_round: Callable[[int, int], None] | None = None,
                  in_place: Callable[[Sequence[int]], Mapping[int, float]] | None = None,
-                 eager: int = 0) -> LazyResult:
+                 measure_ahead: int = 0) -> LazyResult:
     """The cheapest executable plan under measured latencies, measuring as few candidates as it can.
 
     ``problem.costs`` is ignored: a candidate costs ``measured[c]`` when known
@@ -98,7 +98,7 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     so priced (each keeps its first such price), and only a plan of kernels all
     priced in place is proven and returned. An empty answer (the sequence did not
     run) leaves the times alone in force from then on.
-    ``eager``: unmeasured columns a round measures beside its plan's, at most: those that the root relaxation's
+    ``measure_ahead``: unmeasured columns a round measures beside its plan's, at most: those that the root relaxation's
     reduced costs leave in reach of a plan cheaper than the cheapest measured one (``Solver.could_improve``),
     least reduced cost first, and no more than the time limit leaves room for at the slowest pace measured (once
     a plan of measured kernels is in hand, a round measures no more than that room, its plan's kernels first).
@@ -165,8 +165,8 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
             else math.inf
         if cheapest is not None and fit < len(todo):  # a measured plan in hand answers once the time is up:
             todo = todo[:max(fit, 1)]                 # measure no more than the time holds, the plan's kernels first
-        if todo and eager and cheapest is not None:  # and columns a plan cheaper than the best measured may select
-            planned, room = set(todo), min(eager, fit - len(todo))
+        if todo and measure_ahead and cheapest is not None:  # and columns a plan cheaper than the best measured may select
+            planned, room = set(todo), min(measure_ahead, fit - len(todo))
             if room > 0:
                 todo += [c for c in solver.could_improve(cheapest.objective) if c not in known and c not in planned
                          ][:room]

@@ -60,12 +60,12 @@ class _SegmentOracle:
         return {c: got[self.ids[c]] for c in answered}
 
 
-def _solve_segment(problem, ids, bounds, measurer, time_limit, first, in_place=None, ahead=0):
+def _solve_segment(problem, ids, bounds, measurer, time_limit, first, in_place=None, measure_ahead=0):
     """The segment's solution, with measured latencies when a measurer is given: (solution, latency by local id,
     what the solves took: ``SegmentReport``'s solves, proofs, solve_s, dominated and in-place fields). Local ids
     past ``ids`` are layout conversions, priced in ``problem.costs`` already; ``first``, the columns whose optimum
     starts the search (``Solver.solve``); ``in_place``, a timer of kernels in sequence (``InPlaceTimer``);
-    ``ahead``, columns a round may measure beside its plan's (``solve_lazily``'s ``eager``)."""
+    ``measure_ahead``, columns a round may measure beside its plan's (``solve_lazily``)."""
     if measurer is None:
         solution = solve(problem, time_limit=time_limit, first=first)
         return solution, {}, {"solves": 1, "proofs": 1, "solve_s": solution.seconds}
@@ -80,7 +80,7 @@ def _solve_segment(problem, ids, bounds, measurer, time_limit, first, in_place=N
 
     result = solve_lazily(problem, local_bounds, _SegmentOracle(measurer, ids), measured=measured,
                           time_limit=time_limit, first=first, in_place=in_sequence if in_place else None,
-                          eager=ahead)
+                          measure_ahead=measure_ahead)
     solving = {"solves": result.rounds, "proofs": result.proofs, "solve_s": result.solve_s,
                "dominated": result.dominated, "in_place_rounds": result.sequences,
                "timed_in_place": sum(c in result.placed for c in result.solution.order if c < len(ids))}

@@ -54,3 +54,22 @@ def test_kernels_compiled_already_are_loaded_at_once():
     with cpp_batch.deferred_compiles() as batch:
         InductorKernel(kernel, "cpu")
     assert batch.pending == []
+
+
+def test_a_batch_compiles_with_gccs_inliner_limits_raised(monkeypatch):
+    """A batch is one large translation unit: without the raised limits its kernels call ATen's vector helpers
+    instead of inlining them (inlining.py)."""
+    from korch.backends import inlining
+
+    commands = []
+    run = cpp_batch.subprocess.run
+    monkeypatch.setattr(cpp_batch.subprocess, "run", lambda words, **kw: (commands.append(words), run(words, **kw))[1])
+    kernels = fresh_kernels(2)
+    with cpp_batch.deferred_compiles() as batch:
+        built = [InductorKernel(k, "cpu") for k in kernels]
+    batch.compile()
+    assert batch.runs == 1
+    assert all(flag in commands[0] for flag in inlining.FLAGS)  # the batch's compiler run; its stubs follow
+    for b, k in zip(built, kernels):
+        result = check(b, k, device="cpu")
+        assert result.ok, result.message

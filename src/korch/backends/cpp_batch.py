@@ -13,12 +13,14 @@ and gives each kernel the file Inductor looks for (its cache key's ``.so``): a
 stub library that links to the batch's and exports the kernel's module entry
 point under the name Python's importer asks for. Later builds of the same
 kernel, in any process, find that file in Inductor's cache and compile
-nothing.
+nothing. A batch is one large translation unit, compiled with GCC's inliner
+limits raised (``inlining.py``) so that its kernels inline ATen's vector
+helpers as each would compiled alone.
 
 Whatever the batch cannot do (a command it cannot parse, a compiler error)
 it leaves undone: a deferred kernel still compiles itself, alone, the first
 time it is called, so batching changes how long a build takes, never what
-it builds.
+it computes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from korch.backends.inlining import with_raised_limits
 
 BATCH_DIR = "korch-batches"  # under Inductor's cache directory
 _ENTRY, _INIT = re.compile(r"\bkernel(?=\s*\()"), re.compile(r"\bPyInit_kernel\b")
@@ -108,6 +112,7 @@ class CompileBatch:
 
 
 def _compile_together(command: str, kernels: list[tuple[str, str]]) -> None:
+    command = with_raised_limits(command)  # a batch is a translation unit of many kernels (inlining.py)
     sources = [Path(source).read_text() for source, _ in kernels]
     tag = hashlib.sha256("\0".join([command, *sources]).encode()).hexdigest()[:16]
     includes, bodies = {}, []  # includes in order of first appearance, once each

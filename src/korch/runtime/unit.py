@@ -60,6 +60,7 @@ from korch.backends.freezing import frozen_compile
 from korch.backends.inductor import LibraryConvBackend
 from korch.backends.mlas import MlasBackend
 from korch.backends.torch_ops import is_pointwise_conv, node_function, rewritten_steps, runs_in_torch
+from korch.backends.inlining import raised_inline_limits
 from korch.backends.vector_exp import fast_vector_exp
 from korch.errors import KorchError, one_line
 from korch.ir.graph import CHANNELS_LAST, Graph
@@ -276,7 +277,7 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
         # ATen's GEMMs: 20-21 ms mapped; 21-25 ms copied; 29.5 ms when malloc maps every large block itself)
         with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, \
                 kernel_boundaries(variant.channels_last_boundaries, variant.planned_layouts), \
-                frozen_compile(variant.prepack), fast_vector_exp(), \
+                frozen_compile(variant.prepack), fast_vector_exp(), raised_inline_limits(), \
                 torch._inductor.config.patch({"aot_inductor.force_mmap_weights": True}):
             path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))
             return Path(path).read_bytes()

@@ -6,7 +6,7 @@ GCC stops inlining within a translation unit once the unit has grown by ``inline
 call ATen's vector helpers instead of inlining them: the 16x16 transpose a channels-last conversion goes
 through (``transpose_block``, with a ``memset`` of its scratch tile each call) and ``exp_u20``. A 3-channel
 416x416 image converted channels-last took 300 us in a batch library and 47 us compiled alone (2 threads, Zen 5),
-and YOLOX-Nano's unit ran 6% faster with the limits raised (``BENCHMARKS.md``). A kernel Inductor compiles alone
+and YOLOX-Nano's unit ran 5% faster with the limits raised (``BENCHMARKS.md``). A kernel Inductor compiles alone
 is far below the limits: its command, and so its cache key, is left as it is.
 """
 

@@ -4,8 +4,8 @@ Systems sharing a process disturb each other (ONNX Runtime's pool spins after a 
 after a loop, and ONNX Runtime ran slower once something had compiled), and a process's own speed varies
 (where its pages land): so each round starts one process for korch's executable and one for ONNX Runtime on
 the OUTDIR's ``reference.onnx`` (2 threads, all graph optimisations), one after the other, the same seeded
-inputs; each process reports the median of ``--calls`` calls after a warm-up. A system's latency is the
-median of its rounds; the ratio is ONNX Runtime's over korch's, and also of the two systems' fastest rounds.
+inputs, every OUTDIR in each round (plans of one model compare within one spell of the host); each process
+reports the median of ``--calls`` calls after a warm-up. A system's latency is the median of its rounds; the ratio is ONNX Runtime's over korch's, and also of the two systems' fastest rounds.
 ``--compile`` adds a third process a round: torch.compile of the zoo model's module (default mode).
 
     python benchmarks/alone_ort.py OUTDIR... [--rounds 3] [--calls 300] [--compile] --out benchmarks/results/FILE.json
@@ -85,14 +85,16 @@ def main(argv=None) -> int:
     from korch import bench
 
     rows = []
-    for outdir in args.outdirs:
-        manifest = json.loads((Path(outdir) / "manifest.json").read_text())
-        rounds = {"korch": [], "onnxruntime": [], **({"torch.compile": []} if args.compile else {})}
-        for _ in range(args.rounds):
-            for system in rounds:
+    systems = ["korch", "onnxruntime", *(["torch.compile"] if args.compile else [])]
+    taken = {outdir: {system: [] for system in systems} for outdir in args.outdirs}
+    for _ in range(args.rounds):  # a round visits every OUTDIR: plans of one model compare within a spell of the host
+        for outdir in args.outdirs:
+            for system in systems:
                 done = subprocess.run([sys.executable, __file__, "--child", system, outdir, "--calls", str(args.calls)],
                                       check=True, capture_output=True, text=True)
-                rounds[system].append(json.loads(done.stdout.strip().splitlines()[-1]) * 1e3)
+                taken[outdir][system].append(json.loads(done.stdout.strip().splitlines()[-1]) * 1e3)
+    for outdir, rounds in taken.items():
+        manifest = json.loads((Path(outdir) / "manifest.json").read_text())
         median = {system: statistics.median(ms) for system, ms in rounds.items()}
         best = {system: min(ms) for system, ms in rounds.items()}
         rows.append({"model": manifest.get("model", outdir), "outdir": outdir,

@@ -5,7 +5,8 @@ after a loop, and ONNX Runtime ran slower once something had compiled), and a pr
 (where its pages land): so each round starts one process for korch's executable and one for ONNX Runtime on
 the OUTDIR's ``reference.onnx`` (2 threads, all graph optimisations), one after the other, the same seeded
 inputs, every OUTDIR in each round (plans of one model compare within one spell of the host); each process
-reports the median of ``--calls`` calls after a warm-up. A system's latency is the median of its rounds; the ratio is ONNX Runtime's over korch's, and also of the two systems' fastest rounds.
+reports the median of ``--calls`` calls after a warm-up. A system's latency is the median of its rounds; the
+ratio is ONNX Runtime's over korch's, and also of the two systems' fastest rounds.
 ``--compile`` adds a third process a round: torch.compile of the zoo model's module (default mode).
 
     python benchmarks/alone_ort.py OUTDIR... [--rounds 3] [--calls 300] [--compile] --out benchmarks/results/FILE.json
@@ -25,7 +26,7 @@ WARMUP = 20
 
 
 def _child(system: str, outdir: str, calls: int) -> float:
-    """Median seconds of one call of ``system`` ("korch" or "onnxruntime") on the OUTDIR's model."""
+    """Median seconds of one call of ``system`` ("korch", "onnxruntime" or "torch.compile") on the OUTDIR's model."""
     sys.path.insert(0, str(ROOT / "src"))
     import korch  # noqa: F401  (first: it sets OpenMP's spinning before torch loads)
     from korch.ir.ort import input_specs
@@ -48,8 +49,8 @@ def _child(system: str, outdir: str, calls: int) -> float:
 
         manifest = json.loads((Path(outdir) / "manifest.json").read_text())
         module, _ = zoo.build(manifest["model"])
-        feeds = seeded_inputs(input_specs(ort_session(Path(outdir) / "reference.onnx")))
-        inputs = [torch.from_numpy(v) for v in feeds.values()]
+        specs = {i["name"]: (tuple(i["shape"]), i["dtype"]) for i in manifest["inputs"]}  # no ONNX Runtime here
+        inputs = [torch.from_numpy(v) for v in seeded_inputs(specs).values()]
         compiled = torch.compile(module.eval())
 
         def call():

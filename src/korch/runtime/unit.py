@@ -58,9 +58,9 @@ from korch import heap
 from korch.backends import ort_gemm, ort_steps
 from korch.backends.freezing import frozen_compile
 from korch.backends.inductor import LibraryConvBackend
+from korch.backends.inlining import raised_inline_limits
 from korch.backends.mlas import MlasBackend
 from korch.backends.torch_ops import is_pointwise_conv, node_function, rewritten_steps, runs_in_torch
-from korch.backends.inlining import raised_inline_limits
 from korch.backends.vector_exp import fast_vector_exp
 from korch.errors import KorchError, one_line
 from korch.ir.graph import CHANNELS_LAST, Graph

@@ -26,7 +26,7 @@ def plan_sums(outdir: Path) -> tuple[dict, list[dict]]:
     import korch
     from korch.backends.check import RandomArena
     from korch.backends.in_place import InPlaceTimer
-    from korch.backends.measure import calling_cost_s
+    from korch.backends.calling import calling_cost_s
     from korch.backends.registry import backends_for
     from korch.backends.timing import time_kernel
     from korch.runtime import bundle

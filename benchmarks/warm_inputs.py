@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     import korch
     from korch import bench, heap
     from korch.backends.check import RandomArena
-    from korch.backends.measure import calling_cost_s
+    from korch.backends.calling import calling_cost_s
     from korch.backends.registry import backends_for
     from korch.backends.timing import rotation_sets, time_kernel
     from korch.runtime import bundle

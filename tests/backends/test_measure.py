@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from korch.backends import measure, registry
+from korch.backends import calling, measure, registry
 from korch.backends.base import BuildError
 from korch.backends.db import ProfileDB
 from korch.report.markdown import render_markdown
@@ -153,16 +153,16 @@ def test_the_solver_sees_measured_latency_less_the_calling_cost(monkeypatch, tmp
 
 @pytest.mark.parametrize("backend", [registry.LibraryBackend(), registry.InductorBackend()])
 def test_calling_cost_is_measured_on_an_empty_kernel(backend):
-    kernel = measure.empty_kernel()
+    kernel = calling.empty_kernel()
     assert backend.claims(kernel) is None
-    assert 0.0 < measure.calling_cost_s(backend, "cpu") < 0.01
+    assert 0.0 < calling.calling_cost_s(backend, "cpu") < 0.01
 
 
 def test_the_calling_cost_is_the_fastest_empty_call_not_a_noisy_median(monkeypatch):
     from korch.backends.timing import Timing
 
-    monkeypatch.setattr(measure, "time_kernel", lambda call, device, graphed: (call(0), Timing(8.1e-6, 5.2e-6, 100))[1])
-    assert measure.calling_cost_s(registry.LibraryBackend(), "cpu") == 5.2e-6
+    monkeypatch.setattr(calling, "time_kernel", lambda call, device, graphed: (call(0), Timing(8.1e-6, 5.2e-6, 100))[1])
+    assert calling.calling_cost_s(registry.LibraryBackend(), "cpu") == 5.2e-6
 
 
 def test_db_check_compares_every_measured_kernel_with_its_floor(tmp_path, capsys):

@@ -51,16 +51,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import torch
 
 from korch import heap, precision, workers
-from korch.backends import cpp_batch
-from korch.backends.base import Backend, stored_as
+from korch.backends import conversions, cpp_batch
+from korch.backends.base import Backend, BuildError
+from korch.backends.calling import CALLING_COST, calling_cost_s
 from korch.errors import one_line
-from korch.backends.check import RandomArena, check, checked_variants, random_inputs
+from korch.backends.check import RandomArena, check, checked_variants
 from korch.backends.db import ProfileDB, Record
 from korch.backends.registry import backends_for, device_for
 from korch.backends.timing import Timing, time_kernel, timing_inputs
 from korch.cost.devices import get_device
-from korch.ir.graph import Graph, Node, Tensor, other_layout
-from korch.ir.ops import Op
+from korch.ir.graph import Graph, Tensor
 from korch.ir.subgraph import extract
 
 
@@ -274,7 +274,7 @@ class KernelMeasurer:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._calling_s: dict[str, float] = {}  # backend -> its calling cost (see the module docstring)
         self._arena = RandomArena(self.device)  # the timing inputs
-        self._conversions: dict[tuple, float] = {}  # (shape, dtype, layout) -> seconds (conversion_s)
+        self._conversions: dict[str, float] = {}  # conversions.signature -> seconds (conversion_s)
         # the build workers time, one at a time under this lock: on a GPU as they build (timings on the device,
         # builds on the host's cores), on a CPU once the batch's builds are done (they would disturb timings)
         self.time_in_workers = True
@@ -327,30 +327,39 @@ class KernelMeasurer:
             backend = next((b for b in self.backends if b.name == backend_name), None)
             if backend is None:
                 return 0.0
-            version = {backend_name: self.versions[backend_name]}
-            known = [r for r in self.db.lookup([CALLING_COST], self.device_key, version)[CALLING_COST] if r.ok]
-            if known:
-                self._calling_s[backend_name] = known[0].latency_s
-            else:
-                seconds = calling_cost_s(backend, self.device)
-                self.db.put([Record(signature=CALLING_COST, device=self.device_key, backend=backend_name,
-                                    backend_version=self.versions[backend_name], status="ok", latency_s=seconds,
-                                    message="calling cost: the fastest time of an empty kernel")])
-                self._calling_s[backend_name] = seconds
+            self._calling_s[backend_name] = self._remembered(
+                CALLING_COST, backend_name, lambda: calling_cost_s(backend, self.device),
+                "calling cost: the fastest time of an empty kernel")
         return self._calling_s[backend_name]
 
     def conversion_s(self, tensor: Tensor, to: str) -> float:
-        """Seconds to copy a value shaped as ``tensor`` into layout ``to`` from the other one, as a torch copy;
-        timed once per shape in a process (a few milliseconds each), not kept in the database."""
-        key = (tensor.shape, tensor.dtype, to)
+        """Seconds the compiled unit takes at most to copy a value shaped as ``tensor`` into layout ``to`` from
+        the other one (``conversions.py``), kept in the database; a torch copy's without Inductor here."""
+        key = conversions.signature(tensor, to)
         if key not in self._conversions:
-            self._arena.reset()
-            sets = timing_inputs(lambda: self._arena.take(tensor.dtype, tensor.shape, other_layout(to)),
-                                 2 * tensor.nbytes, self.device)
-            outputs = [stored_as(torch.empty_like(x), to) for x in sets]
-            self._conversions[key] = time_kernel(lambda i: outputs[i].copy_(sets[i]), device=self.device,
-                                                 rotate=len(sets), graphed=True).median_s
+            try:
+                if conversions.INDUCTOR not in self.versions:
+                    raise BuildError("no Inductor backend")
+                seconds = self._remembered(key, conversions.INDUCTOR, lambda: conversions.loop_s(
+                    tensor, to, self._arena, self.device), "a layout conversion: Inductor's loop")
+                seconds -= self.calling_s(conversions.INDUCTOR)
+            except BuildError:
+                seconds = conversions.torch_copy_s(tensor, to, self._arena, self.device)
+            self._conversions[key] = max(seconds, 0.0)
         return self._conversions[key]
+
+    def _remembered(self, signature: str, backend_name: str, measure: Callable[[], float], message: str) -> float:
+        """The database's latency under ``signature`` for this device and ``backend_name``'s version, or
+        ``measure()``'s, then kept there."""
+        version = {backend_name: self.versions[backend_name]}
+        known = [r for r in self.db.lookup([signature], self.device_key, version)[signature] if r.ok]
+        if known:
+            return known[0].latency_s
+        seconds = measure()
+        self.db.put([Record(signature=signature, device=self.device_key, backend=backend_name,
+                            backend_version=self.versions[backend_name], status="ok", latency_s=seconds,
+                            message=message)])
+        return seconds
 
     def record_for(self, candidate_id: int) -> Record | None:
         return self.best.get(self.candidates[candidate_id].signature)
@@ -465,34 +474,6 @@ def _tunes(built, device: str) -> bool:
     """Whether ``built`` has launch variants to choose among here (Triton kernels on a GPU; the interpreter's
     timings would choose nothing): only then are its variants checked and timed."""
     return hasattr(built, "tune") and device != "cpu"
-
-
-# The database signature under which a backend's calling cost is kept (no candidate has it: theirs are hashes).
-CALLING_COST = "calling-cost"
-
-
-def empty_kernel() -> Graph:
-    """A kernel that does nothing measurable: one negation of one float."""
-    graph = Graph(name="empty")
-    graph.add_tensor(Tensor(name="x", shape=(1,), dtype="float32"))
-    graph.add_tensor(Tensor(name="y", shape=(1,), dtype="float32"))
-    graph.nodes.append(Node(op=Op.NEG, inputs=("x",), outputs=("y",), name="y"))
-    graph.inputs, graph.outputs = ["x"], ["y"]
-    return graph
-
-
-def calling_cost_s(backend: Backend, device: str) -> float:
-    """The fastest time of ``backend``'s build of ``empty_kernel``, timed as kernels are (0 if it cannot build
-    one: nothing is subtracted). The fastest, not the median: what is subtracted from every kernel must not
-    carry the noise of one timing (Candy's searches measured Inductor's median at 5.2 and 8.1 us, and the
-    8.1 put 63 small kernels below their floors)."""
-    kernel = empty_kernel()
-    try:
-        built = backend.build(kernel, device)
-        x = [t.to(device) for t in random_inputs(kernel)]
-        return time_kernel(lambda i: built(*x), device=device, graphed=True).min_s
-    except Exception:  # a backend that builds or runs no such kernel: its kernels keep their measured latency
-        return 0.0
 
 
 def _ops(kernel: Graph) -> str:

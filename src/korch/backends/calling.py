@@ -1,0 +1,37 @@
+"""What calling a kernel costs the timer beyond the kernel's work (``measure.py``'s module docstring says why it
+is subtracted): each backend's build of a kernel that does nothing, timed as kernels are."""
+
+from __future__ import annotations
+
+from korch.backends.base import Backend
+from korch.backends.check import random_inputs
+from korch.backends.timing import time_kernel
+from korch.ir.graph import Graph, Node, Tensor
+from korch.ir.ops import Op
+
+# The database signature under which a backend's calling cost is kept (no candidate has it: theirs are hashes).
+CALLING_COST = "calling-cost"
+
+
+def empty_kernel() -> Graph:
+    """A kernel that does nothing measurable: one negation of one float."""
+    graph = Graph(name="empty")
+    graph.add_tensor(Tensor(name="x", shape=(1,), dtype="float32"))
+    graph.add_tensor(Tensor(name="y", shape=(1,), dtype="float32"))
+    graph.nodes.append(Node(op=Op.NEG, inputs=("x",), outputs=("y",), name="y"))
+    graph.inputs, graph.outputs = ["x"], ["y"]
+    return graph
+
+
+def calling_cost_s(backend: Backend, device: str) -> float:
+    """The fastest time of ``backend``'s build of ``empty_kernel``, timed as kernels are (0 if it cannot build
+    one: nothing is subtracted). The fastest, not the median: what is subtracted from every kernel must not
+    carry the noise of one timing (Candy's searches measured Inductor's median at 5.2 and 8.1 us, and the
+    8.1 put 63 small kernels below their floors)."""
+    kernel = empty_kernel()
+    try:
+        built = backend.build(kernel, device)
+        x = [t.to(device) for t in random_inputs(kernel)]
+        return time_kernel(lambda i: built(*x), device=device, graphed=True).min_s
+    except Exception:  # a backend that builds or runs no such kernel: its kernels keep their measured latency
+        return 0.0

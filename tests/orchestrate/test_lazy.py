@@ -190,6 +190,25 @@ def test_a_time_limit_ends_the_measuring_with_the_cheapest_measured_plan_and_an_
     assert plan.optimal == (plan.gap == 0)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_time_limit_passed_while_measuring_ends_the_search_with_that_plan_priced_alone(seed, monkeypatch):
+    """A search that prices plans in place and whose time runs out measuring a plan answers with the plans
+    measured so far: no sequence, no further round (EfficientViT's 600-second search ran 1584 s so, each
+    round's plan bringing kernels of its own to measure before one was priced in place)."""
+    from korch.orchestrate import lazy
+
+    p, bounds = setup(seed)
+    oracle = Oracle(bounds, seed)
+    clock = StepClock(oracle)
+    monkeypatch.setattr(lazy, "time", clock)
+    sequences = []
+    result = solve_lazily(p, bounds, clock, time_limit=1.5, in_place=lambda order: sequences.append(order) or {
+        c: oracle.latency[c] for c in order})
+    assert clock.now <= 2.0
+    assert executes(p, result.solution.order) and set(result.solution.order) <= set(result.measured)
+    assert not result.placed or sequences
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_a_time_limit_ends_with_the_optimum_over_every_measured_kernel_not_only_the_rounds_plans(seed, monkeypatch):
     """The kernels measured by the rounds, and those known before, may make a cheaper plan than any round chose."""

@@ -97,7 +97,7 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     in sequence; a plan whose kernels are all measured has those not yet priced
     so priced (each keeps its first such price), and only a plan of kernels all
     priced in place is proven and returned. An empty answer (the sequence did not
-    run) leaves the times alone in force from then on.
+    run), or the time limit passing, leaves the times alone in force from then on.
     ``measure_ahead``: unmeasured columns a round measures beside its plan's, at most: those that the root relaxation's
     reduced costs leave in reach of a plan cheaper than the cheapest measured one (``Solver.could_improve``),
     least reduced cost first, and no more than the time limit leaves room for at the slowest pace measured (once
@@ -197,6 +197,8 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
             fresh[c] = _checked(c, latency, bounds)
             if c not in placed:  # a twin priced in place keeps that price
                 known[c] = fresh[c]
+        if time.perf_counter() >= deadline:  # the time is up: times alone stand, so that this plan answers
+            in_place = None                    # (a sequence would run past the limit, and its plan's successor)
         if all(final(c) for c in solution.order):
             cheapest = _cheaper_priced(solution, known, cheapest, lower)
         if cheapest is not None and time.perf_counter() >= deadline:

@@ -337,13 +337,13 @@ class KernelMeasurer:
         the other one (``conversions.py``), kept in the database; a torch copy's without Inductor here."""
         key = conversions.signature(tensor, to)
         if key not in self._conversions:
-            try:
-                if conversions.INDUCTOR not in self.versions:
-                    raise BuildError("no Inductor backend")
-                seconds = self._remembered(key, conversions.INDUCTOR, lambda: conversions.loop_s(
-                    tensor, to, self._arena, self.device), "a layout conversion: Inductor's loop")
-                seconds -= self.calling_s(conversions.INDUCTOR)
-            except BuildError:
+            seconds = None
+            if conversions.INDUCTOR in self.versions:
+                with contextlib.suppress(BuildError):  # Inductor could not compile the loop
+                    seconds = self._remembered(key, conversions.INDUCTOR, lambda: conversions.loop_s(
+                        tensor, to, self._arena, self.device), "a layout conversion: Inductor's loop")
+                    seconds -= self.calling_s(conversions.INDUCTOR)
+            if seconds is None:
                 seconds = conversions.torch_copy_s(tensor, to, self._arena, self.device)
             self._conversions[key] = max(seconds, 0.0)
         return self._conversions[key]

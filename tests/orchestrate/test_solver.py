@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from korch.orchestrate.problem import Problem
+from korch.orchestrate.schedule import Index
 from korch.orchestrate.solver import InfeasibleError, Solver, solve
 from korch.orchestrate import solver as solver_module
 from tests.orchestrate.random_problems import (
@@ -201,9 +202,17 @@ def use_clock(monkeypatch):
     return use
 
 
+def removable(p: Problem, order) -> list[int]:
+    """The kernels of ``order`` whose removal leaves a plan that still runs in some order."""
+    ix = Index(p)
+    return [c for c in order if executes(p, ix.run(ix.mask([d for d in order if d != c]))[0])]
+
+
 def check_limited(p: Problem, solution, optimum: float) -> None:
-    """An executable plan, its true cost, and an honest gap: the bound it implies is below the optimum."""
+    """An executable plan, its true cost, and an honest gap: the bound it implies is below the optimum; no kernel
+    of it is redundant."""
     assert executes(p, solution.order)
+    assert not [c for c in removable(p, solution.order) if p.costs[c] > 0]
     assert solution.objective == pytest.approx(math.fsum(p.costs[c] for c in solution.order), rel=1e-12)
     assert solution.objective >= optimum * (1 - 1e-9)
     assert 0.0 <= solution.gap <= 1.0
@@ -257,3 +266,33 @@ def test_a_big_problem_whose_time_runs_out_after_the_first_lp(use_clock):
     (first, _), *after = clock.limits
     assert first == 1000 and all(limit == 0.0 and struck for limit, struck in after)
     print(f"{len(p.costs)} candidates: gap={solution.gap:.2e} after one LP")
+
+
+def test_a_value_computed_twice_keeps_the_cheaper_writer():
+    # kernel 0 writes x; kernel 1 writes x and y; kernel 2 reads x: the first writer of x is redundant
+    p = problem([5, 3, 1], [(), (), (0,)], [(0,), (0, 1), (2,)], [1, 2])
+    ix = Index(p)
+    assert ix.prune([0, 1, 2]) == [0, 1, 2]  # every kernel is some tensor's first writer
+    assert ix.drop_redundant([0, 1, 2], p.costs) == [1, 2]
+    # the only writer of a tensor the plan reads stays, however dear
+    q = problem([50, 3, 1], [(), (), (0,)], [(0,), (1,), (2,)], [1, 2])
+    assert Index(q).drop_redundant([0, 1, 2], q.costs) == [0, 1, 2]
+
+
+def test_dropping_redundant_kernels_leaves_a_cheaper_executable_plan_with_none_left():
+    rng = np.random.default_rng(7)
+    dropped = 0
+    for trial in range(40):
+        p = random_problem(rng, 14, 4, computed=bool(trial % 2), max_preds=2, window=5)
+        ix = Index(p)
+        # a plan and then random extra kernels that can run: plenty of values written twice
+        base = list(solve(p).order)
+        extra = [int(c) for c in rng.choice(len(p.costs), size=min(len(p.costs), 12), replace=False)]
+        order = ix.run(ix.mask(base + extra))[0]
+        assert executes(p, order)
+        kept = ix.drop_redundant(order, p.costs)
+        assert executes(p, kept) and set(kept) <= set(order)
+        assert math.fsum(p.costs[c] for c in kept) <= math.fsum(p.costs[c] for c in order)
+        assert removable(p, kept) == []
+        dropped += len(order) - len(kept)
+    assert dropped > 40  # the extra kernels were mostly redundant, and went

@@ -164,6 +164,7 @@ class Solver:
                 best = min(best, ix.repair(chosen, allowed, level, costs), key=value)
             if not exact:
                 break  # HiGHS stopped at the time limit
+        best = ix.drop_redundant(best, costs)  # an unproven plan may compute a value twice
         self.last = best
         objective = value(best)
         proven = proven or objective <= lower * (1 + _TOLERANCE)

@@ -113,7 +113,7 @@ class Index:
         """The executable ``order`` less the kernels the others make redundant, most expensive first: a kernel
         goes when every tensor it writes that is required or read by another kept kernel has another writer
         kept, and the rest still run. A plan that stops short of the optimum (a time limit) can compute a value
-        twice: YOLOv4's 600-second plan had 30 such kernels, 25 of its 186 predicted ms, which its compiled
+        twice: YOLOv4's 600-second plan had 29 such kernels, 24 of its 186 predicted ms, which its compiled
         unit never ran (a value's second computation is dead code there)."""
         kept = list(order)
         writers, readers = self._counts(kept)

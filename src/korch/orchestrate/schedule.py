@@ -138,6 +138,10 @@ class Index:
     def _run_selected(self, selected: list[int]) -> tuple[list[int], set[int]]:
         """``run`` over the kernels ``selected`` alone: the order they ran in and the tensors they wrote."""
         missing = {c: len(self.needs[c]) for c in selected}
+        readers: dict[int, list[int]] = {}  # a tensor's readers among ``selected`` (not all its consumers)
+        for c in selected:
+            for t in self.needs[c]:
+                readers.setdefault(t, []).append(c)
         queue = deque(c for c in selected if missing[c] == 0)
         order, have = [], set()
         while queue:
@@ -147,11 +151,10 @@ class Index:
                 if t in have:
                     continue
                 have.add(t)
-                for d in self.consumers[t]:
-                    if missing.get(d, 0) > 0:
-                        missing[d] -= 1
-                        if missing[d] == 0:
-                            queue.append(d)
+                for d in readers.get(t, ()):
+                    missing[d] -= 1
+                    if missing[d] == 0:
+                        queue.append(d)
         return order, have
 
     def infeasible(self, allowed: list[bool], tlevel: list[int]) -> str | None:

@@ -116,15 +116,15 @@ class Index:
         twice: YOLOv4's 600-second plan had 29 such kernels, 24 of its 186 predicted ms, which its compiled
         unit never ran (a value's second computation is dead code there)."""
         kept = list(order)
-        writers, readers = self._counts(kept)
+        writers, read = self._counts(kept)
         required = set(self.required)
         for c in sorted(order, key=lambda c: (-costs[c], c)):
-            if c not in kept or any(len(writers[t]) == 1 and (t in required or t in readers) for t in self.prods[c]):
+            if c not in kept or any(len(writers[t]) == 1 and (t in required or t in read) for t in self.prods[c]):
                 continue  # pruned already, or the only writer of a tensor the plan needs
-            ran, have = self._run_selected([k for k in kept if k != c])
-            if all(t in have for t in required):
+            ran, _, avail = self.run(self.mask(k for k in kept if k != c))
+            if all(avail[t] >= 0 for t in required):
                 kept = self.prune(ran)
-                writers, readers = self._counts(kept)
+                writers, read = self._counts(kept)
         return kept
 
     def _counts(self, kept: list[int]) -> tuple[dict[int, set[int]], set[int]]:
@@ -134,28 +134,6 @@ class Index:
             for t in self.prods[k]:
                 writers.setdefault(t, set()).add(k)
         return writers, {t for k in kept for t in self.needs[k]}
-
-    def _run_selected(self, selected: list[int]) -> tuple[list[int], set[int]]:
-        """``run`` over the kernels ``selected`` alone: the order they ran in and the tensors they wrote."""
-        missing = {c: len(self.needs[c]) for c in selected}
-        readers: dict[int, list[int]] = {}  # a tensor's readers among ``selected`` (not all its consumers)
-        for c in selected:
-            for t in self.needs[c]:
-                readers.setdefault(t, []).append(c)
-        queue = deque(c for c in selected if missing[c] == 0)
-        order, have = [], set()
-        while queue:
-            c = queue.popleft()
-            order.append(c)
-            for t in self.prods[c]:
-                if t in have:
-                    continue
-                have.add(t)
-                for d in readers.get(t, ()):
-                    missing[d] -= 1
-                    if missing[d] == 0:
-                        queue.append(d)
-        return order, have
 
     def infeasible(self, allowed: list[bool], tlevel: list[int]) -> str | None:
         """Why some required tensor can never be produced (one line), or None if all can."""

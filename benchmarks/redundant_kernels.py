@@ -18,9 +18,8 @@ from pathlib import Path
 
 def redundant(outdir: Path) -> dict:
     """The plan's kernels and predicted ms, and those ``drop_redundant`` removes."""
-    from korch.ir.graph import CONTIGUOUS, other_layout
-    from korch.ir.subgraph import has_layouts
-    from korch.orchestrate.layouts import stored_name
+    from korch.ir.graph import other_layout
+    from korch.orchestrate.layouts import laid_out, stored_name
     from korch.orchestrate.problem import Problem
     from korch.orchestrate.schedule import Index
     from korch.runtime import bundle
@@ -31,24 +30,22 @@ def redundant(outdir: Path) -> dict:
     def tid(name: str) -> int:
         return ids.setdefault(name, len(ids))
 
-    def stored(tensor: str, layout: str) -> str:
-        laid = tensor not in graph.constants and has_layouts(graph.tensors[tensor])
-        return stored_name(tensor, layout) if laid else tensor
-
     given = set(graph.inputs) | set(graph.constants)  # as stored: a graph input is given contiguous
     costs, needs, produces, names = [], [], [], []
-    for k in plan.kernels:
+    for k in plan.kernels:  # a planned kernel stores its values as the program's candidate did (``laid_out``)
+        laid = set(laid_out(graph, k))
+        stored = {t: stored_name(t, k.layout) if t in laid else t for t in (*k.inputs, *k.outputs)}
         costs.append(k.cost_s)
-        needs.append(tuple(tid(stored(t, k.layout)) for t in k.inputs if stored(t, k.layout) not in given))
-        produces.append(tuple(tid(stored(t, k.layout)) for t in k.outputs) + tuple(tid(f"\0{n}") for n in k.nodes))
+        needs.append(tuple(tid(stored[t]) for t in k.inputs if stored[t] not in given))
+        produces.append(tuple(tid(stored[t]) for t in k.outputs) + tuple(tid(f"\0{n}") for n in k.nodes))
         names.append(f"{k.name} {k.ops}")
     for c in plan.conversions:
+        source = stored_name(c.tensor, other_layout(c.to))
         costs.append(c.cost_s)
-        needs.append(() if c.tensor in given else (tid(stored(c.tensor, other_layout(c.to))),))
-        produces.append((tid(stored(c.tensor, c.to)),))
+        needs.append(() if source in given else (tid(source),))
+        produces.append((tid(stored_name(c.tensor, c.to)),))
         names.append(f"{c.tensor} to {c.to}")
-    required = tuple(sorted({tid(stored(t, CONTIGUOUS)) for t in graph.outputs}
-                            | {tid(f"\0{node.name}") for node in graph.nodes}))
+    required = tuple(sorted({tid(t) for t in graph.outputs} | {tid(f"\0{node.name}") for node in graph.nodes}))
     problem = Problem(tuple(costs), tuple(needs), tuple(produces), required)
     order = list(range(len(costs)))
     kept = set(Index(problem).drop_redundant(order, costs))

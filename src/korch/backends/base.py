@@ -59,9 +59,14 @@ class Backend(Protocol):
         ...
 
 
+def memory_format(layout: str) -> torch.memory_format:
+    """torch's memory format of ``layout`` (``ir.graph.LAYOUTS``)."""
+    return torch.channels_last if layout == CHANNELS_LAST else torch.contiguous_format
+
+
 def stored_as(tensor: torch.Tensor, layout: str) -> torch.Tensor:
     """``tensor`` with the strides of ``layout`` (``ir.graph.LAYOUTS``), copied only if it has others."""
-    return tensor.contiguous(memory_format=torch.channels_last) if layout == CHANNELS_LAST else tensor.contiguous()
+    return tensor.contiguous(memory_format=memory_format(layout))
 
 
 def contiguous_only(backend: str, kernel: Graph) -> str | None:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from korch.backends.base import BuildError
+from korch.backends.base import BuildError, memory_format
 from korch.backends.check import RandomArena
 from korch.backends.inlining import raised_inline_limits
 from korch.backends.timing import time_kernel, timing_inputs
 from korch.errors import one_line
-from korch.ir.graph import CHANNELS_LAST, Tensor, other_layout
+from korch.ir.graph import Tensor, other_layout
 
 PREFIX = "layout-conversion"
 INDUCTOR = "inductor"  # the backend whose loop a conversion is timed as, and whose version its record keeps
@@ -43,7 +43,7 @@ def compiled_copy(example: torch.Tensor, to: str):
     from torch._inductor.compile_fx import compile_fx
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    out = _empty(example, to)
+    out = torch.empty_like(example, memory_format=memory_format(to))
     graph_module = make_fx(lambda x, y: y.copy_(x))(example, out)
     with raised_inline_limits():
         return compile_fx(graph_module, [example, out])
@@ -72,9 +72,5 @@ def _copy_sets(tensor: Tensor, to: str, arena: RandomArena, device: str):
     arena.reset()
     sets = timing_inputs(lambda: arena.take(tensor.dtype, tensor.shape, other_layout(to)), 2 * tensor.nbytes,
                          device)
-    return sets, [_empty(x, to) for x in sets]
+    return sets, [torch.empty_like(x, memory_format=memory_format(to)) for x in sets]
 
-
-def _empty(like: torch.Tensor, to: str) -> torch.Tensor:
-    """An uninitialised tensor shaped as ``like``, stored in layout ``to``."""
-    return torch.empty_like(like, memory_format=torch.channels_last if to == CHANNELS_LAST else torch.contiguous_format)

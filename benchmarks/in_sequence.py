@@ -3,7 +3,7 @@
 A measured search times a CPU kernel alone, call after call on one warm input set. In the executable a kernel
 reads what its producer has just written and writes into memory other values left cold. This builds each planned
 kernel again by the backend the plan chose (from the compilers' caches), times it alone as the search does
-(``timing.time_kernel`` on one input set), then runs all of them in the plan's order on the values they pass each
+(``timing.time_measured`` on one input set), then runs all of them in the plan's order on the values they pass each
 other (``backends/in_place.InPlaceTimer``, what the search prices an optimum's kernels with), and times the
 OUTDIR's unit in the same process. Each kernel's time is less its backend's calling cost.
 
@@ -28,7 +28,7 @@ def plan_sums(outdir: Path) -> tuple[dict, list[dict]]:
     from korch.backends.in_place import InPlaceTimer
     from korch.backends.calling import calling_cost_s
     from korch.backends.registry import backends_for
-    from korch.backends.timing import time_kernel
+    from korch.backends.timing import time_kernel, time_measured
     from korch.runtime import bundle
     from korch.runtime.build import kernel_graphs
     from korch.runtime.selfcheck import seeded_inputs
@@ -47,8 +47,8 @@ def plan_sums(outdir: Path) -> tuple[dict, list[dict]]:
             built = timer.build(i)[1]
             arena.reset()
             inputs = arena.inputs(kernel)
-            alone.append(max(min(time_kernel(lambda _: built(*inputs), device="cpu").median_s for _ in range(2))
-                             - calling[names[i]], 0.0))
+            alone.append(max(min(time_measured(lambda _: built(*inputs), [inputs], "cpu").median_s
+                                 for _ in range(2)) - calling[names[i]], 0.0))
         in_sequence = timer.time(range(len(kernels)))
         executable = korch.load(outdir)
         feeds = seeded_inputs(executable.input_specs)

@@ -41,8 +41,8 @@ def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequ
     """Compare every measured kernel of ``model``'s candidates on ``target`` with its floor (see the docstring)."""
     from korch import config
     from korch.backends.db import ProfileDB
-    from korch.backends.measure import CALLING_COST, device_key
-    from korch.backends.registry import BackendPredicate, backends_for
+    from korch.backends.measure import CALLING_COST, device_key, keyed_versions
+    from korch.backends.registry import BackendPredicate, backends_for, device_for
     from korch.cost import candidate_bounds
     from korch.orchestrate.candidates import enumerate_candidates
     from korch.orchestrate.layouts import with_layouts
@@ -65,7 +65,7 @@ def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequ
         if candidate.signature not in floor or bound > floor[candidate.signature][0]:
             floor[candidate.signature] = (bound, ops)
     key = device_key(target)
-    versions = {b.name: b.version for b in backends}
+    versions = keyed_versions(backends, device_for(target))
     profile = ProfileDB(str(db) if db else None)
     calling = {r.backend: r.latency_s for r in profile.lookup([CALLING_COST], key, versions)[CALLING_COST] if r.ok}
     found = profile.lookup(floor, key, versions)

@@ -161,7 +161,7 @@ def test_calling_cost_is_measured_on_an_empty_kernel(backend):
 def test_the_calling_cost_is_the_fastest_empty_call_not_a_noisy_median(monkeypatch):
     from korch.backends.timing import Timing
 
-    monkeypatch.setattr(calling, "time_kernel", lambda call, device, graphed: (call(0), Timing(8.1e-6, 5.2e-6, 100))[1])
+    monkeypatch.setattr(calling, "time_measured", lambda call, sets, device: (call(0), Timing(8.1e-6, 5.2e-6, 100))[1])
     assert calling.calling_cost_s(registry.LibraryBackend(), "cpu") == 5.2e-6
 
 
@@ -284,11 +284,11 @@ def test_kernels_timed_beside_busy_processes_are_flagged_and_measured_again(tmp_
     database, counted, warned about; the next search on that database measures it again."""
     import dataclasses
 
-    real = measure.time_kernel
+    real = measure.time_measured
 
     def busy(*args, **kwargs):
         return dataclasses.replace(real(*args, **kwargs), disturbed=True)
-    monkeypatch.setattr(measure, "time_kernel", busy)
+    monkeypatch.setattr(measure, "time_measured", busy)
     db = tmp_path / "p.sqlite"
     with pytest.warns(UserWarning, match="found other processes on the CPU cores"):
         first = optimize(_model(), target="cpu", cost="measured", db=db, jobs=1, max_kernel_nodes=2)
@@ -297,7 +297,7 @@ def test_kernels_timed_beside_busy_processes_are_flagged_and_measured_again(tmp_
     flagged = _messages(db)
     assert flagged and set(flagged) == {measure.DISTURBED}
 
-    monkeypatch.setattr(measure, "time_kernel", real)  # a quiet machine: measured again, trusted from then on
+    monkeypatch.setattr(measure, "time_measured", real)  # a quiet machine: measured again, trusted from then on
     again = optimize(_model(), target="cpu", cost="measured", db=db, jobs=1, max_kernel_nodes=2)
     m2 = again.plan.stats["measurement"]
     # nothing answered from the flagged records (the second search may ask fewer signatures: its timings differ)
@@ -349,8 +349,8 @@ def test_kernels_timed_inside_a_cuda_graph_are_counted_and_reported_for_a_gpu(tm
     the plan's stats count those that were captured, and report.md says so on a GPU (never on a CPU)."""
     import dataclasses
 
-    real = measure.time_kernel
-    monkeypatch.setattr(measure, "time_kernel", lambda *a, **k: dataclasses.replace(real(*a, **k), graphed=True))
+    real = measure.time_measured
+    monkeypatch.setattr(measure, "time_measured", lambda *a, **k: dataclasses.replace(real(*a, **k), graphed=True))
     result = optimize(_model(), target="cpu", cost="measured", db=tmp_path / "p.sqlite", jobs=1, max_kernel_nodes=2)
     m = result.plan.stats["measurement"]
     assert m["kernels_measured"] > 0 and m["timed_in_graph"] == m["kernels_measured"]
@@ -375,3 +375,12 @@ def test_a_build_worker_gives_its_heap_back_after_each_kernel_it_builds_and_chec
     checked = measure._worker("cpu", jobs, "cpu", precision.current().name, torch.get_num_threads())
     assert [c.status for c in checked] == ["ok"] * len(jobs)
     assert len(released) >= 2 * len(jobs)  # after each build and each check
+
+
+def test_cpu_measurements_are_keyed_by_the_timers_protocol_gpu_ones_by_the_backend_alone():
+    from korch.backends.measure import keyed_versions
+    from korch.backends.timing import CPU_PROTOCOL
+
+    backends = [Broken("wrong")]
+    assert keyed_versions(backends, "cpu") == {"broken": f"0+{CPU_PROTOCOL}"}
+    assert keyed_versions(backends, "cuda") == {"broken": "0"}

@@ -386,3 +386,44 @@ def test_a_kernel_that_cannot_be_captured_or_a_systems_timing_is_launched_as_bef
     slow = time_kernel(kernel(clock, lambda k, i: MS), device="cuda", warmup=2, warmup_s=0, budget_s=20 * MS,
                        graphed=True)  # a long kernel: the host cannot show, launched as before
     assert not slow.graphed and "capture" not in [e[0] for e in fake_cuda]
+
+
+def test_prepare_runs_untimed_before_every_cpu_call_with_its_sets_index(clock):
+    log = []
+    call = kernel(clock, lambda k, i: MS, log)
+    prepared = []
+
+    def prepare(i):
+        prepared.append((i, len(log)))
+        clock.advance(64 * MS)  # untimed: it must not show in the timing
+    result = time_kernel(call, device="cpu", warmup=2, warmup_s=0, repeats=5, rotate=3, prepare=prepare)
+    assert result.median_s == result.min_s == MS and result.runs == 5
+    assert prepared == [(i % 3, i) for i in range(7)]  # before each call, warm-up included, same set as the call
+    assert [i for i, _ in log] == [i % 3 for i in range(7)]
+
+
+def test_cold_start_writes_a_buffer_over_the_inner_caches_then_the_calls_inputs(monkeypatch):
+    monkeypatch.setattr(timing, "_inner_cache_bytes", lambda: 1 << 12)
+    sets = [[torch.full((3,), -0.0), torch.tensor([True, False])], [torch.arange(4)]]
+    cold = timing.ColdStart(sets)
+    assert cold.buffer.numel() * 4 == timing.EVICTION_FACTOR * (1 << 12) * torch.get_num_threads()
+    before = cold.buffer.clone()
+    versions = [t._version for t in (*sets[0], *sets[1])]
+    cold(0)
+    assert torch.equal(cold.buffer, before + 1)  # every element written
+    assert [t._version for t in (*sets[0], *sets[1])] == [versions[0] + 1, versions[1] + 1, versions[2]]
+    assert torch.equal(sets[0][0], torch.zeros(3)) and sets[0][1].tolist() == [True, False]  # values kept
+    cold(1)
+    assert sets[1][0].tolist() == [0, 1, 2, 3] and sets[1][0]._version == versions[2] + 1
+
+
+def test_a_measured_cpu_kernel_is_timed_from_a_cold_start_and_a_gpu_one_is_not(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(timing, "time_kernel", lambda call, **kw: seen.update(kw))
+    monkeypatch.setattr(timing, "_inner_cache_bytes", lambda: 1 << 12)
+    sets = [[torch.ones(2)], [torch.ones(2)]]
+    timing.time_measured(lambda i: None, sets, "cpu")
+    assert isinstance(seen["prepare"], timing.ColdStart) and seen["prepare"].sets is sets
+    assert seen["rotate"] == 2 and seen["graphed"]
+    timing.time_measured(lambda i: None, sets, "cuda")
+    assert seen["prepare"] is None

@@ -143,3 +143,18 @@ def test_cache_bytes_counts_each_data_cache_once(tmp_path):
 
 def test_cache_bytes_falls_back_when_sysfs_says_nothing(tmp_path):
     assert probe.cache_bytes(tmp_path) == probe.FALLBACK_CACHE_BYTES
+
+
+def test_inner_cache_bytes_are_one_cores_caches_below_the_last_level(tmp_path):
+    for cpu in (0, 1):
+        _cache(tmp_path, cpu, 0, "Data", "1", "48K", str(cpu))
+        _cache(tmp_path, cpu, 1, "Instruction", "1", "32K", str(cpu))
+        _cache(tmp_path, cpu, 2, "Unified", "2", "1024K", str(cpu))
+        _cache(tmp_path, cpu, 3, "Unified", "3", "32M", "0-1")
+    assert probe.inner_cache_bytes(tmp_path) == (48 << 10) + (1 << 20)
+
+
+def test_inner_cache_bytes_fall_back_when_sysfs_says_nothing_below_the_last_level(tmp_path):
+    assert probe.inner_cache_bytes(tmp_path) == probe.FALLBACK_INNER_CACHE_BYTES
+    _cache(tmp_path, 0, 0, "Unified", "1", "64K", "0")  # one level only: it is the last
+    assert probe.inner_cache_bytes(tmp_path) == probe.FALLBACK_INNER_CACHE_BYTES

@@ -1,11 +1,11 @@
 """What calling a kernel costs the timer beyond the kernel's work (``measure.py``'s module docstring says why it
-is subtracted): each backend's build of a kernel that does nothing, timed as kernels are."""
+is subtracted): each backend's build of a kernel that does nothing, timed as kernels are (``timing.time_measured``)."""
 
 from __future__ import annotations
 
 from korch.backends.base import Backend
 from korch.backends.check import random_inputs
-from korch.backends.timing import time_kernel
+from korch.backends.timing import time_measured
 from korch.ir.graph import Graph, Node, Tensor
 from korch.ir.ops import Op
 
@@ -32,6 +32,6 @@ def calling_cost_s(backend: Backend, device: str) -> float:
     try:
         built = backend.build(kernel, device)
         x = [t.to(device) for t in random_inputs(kernel)]
-        return time_kernel(lambda i: built(*x), device=device, graphed=True).min_s
+        return time_measured(lambda i: built(*x), [x], device).min_s
     except Exception:  # a backend that builds or runs no such kernel: its kernels keep their measured latency
         return 0.0

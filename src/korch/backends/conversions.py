@@ -23,7 +23,7 @@ import torch
 from korch.backends.base import BuildError, memory_format
 from korch.backends.check import RandomArena
 from korch.backends.inlining import raised_inline_limits
-from korch.backends.timing import time_kernel, timing_inputs
+from korch.backends.timing import time_measured, timing_inputs
 from korch.errors import one_line
 from korch.ir.graph import Tensor, other_layout
 
@@ -57,15 +57,13 @@ def loop_s(tensor: Tensor, to: str, arena: RandomArena, device: str) -> float:
         copy = compiled_copy(sets[0], to)
     except Exception as exc:  # Inductor's failures are many and varied
         raise BuildError(f"{INDUCTOR}: a layout conversion: {one_line(exc)}") from exc
-    return time_kernel(lambda i: copy(sets[i], outputs[i]), device=device, rotate=len(sets),
-                       graphed=True).median_s
+    return time_measured(lambda i: copy(sets[i], outputs[i]), [[x] for x in sets], device).median_s
 
 
 def torch_copy_s(tensor: Tensor, to: str, arena: RandomArena, device: str) -> float:
     """Seconds ``torch.Tensor.copy_`` takes for the same copy (where no Inductor loop is to be had)."""
     sets, outputs = _copy_sets(tensor, to, arena, device)
-    return time_kernel(lambda i: outputs[i].copy_(sets[i]), device=device, rotate=len(sets),
-                       graphed=True).median_s
+    return time_measured(lambda i: outputs[i].copy_(sets[i]), [[x] for x in sets], device).median_s
 
 
 def _copy_sets(tensor: Tensor, to: str, arena: RandomArena, device: str):

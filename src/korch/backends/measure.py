@@ -58,7 +58,7 @@ from korch.errors import one_line
 from korch.backends.check import RandomArena, check, checked_variants
 from korch.backends.db import ProfileDB, Record
 from korch.backends.registry import backends_for, device_for
-from korch.backends.timing import Timing, time_kernel, timing_inputs
+from korch.backends.timing import CPU_PROTOCOL, Timing, time_kernel, time_measured, timing_inputs
 from korch.cost.devices import get_device
 from korch.ir.graph import Graph, Tensor
 from korch.ir.subgraph import extract
@@ -243,8 +243,14 @@ def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomAren
         built.tune(lambda call: time_kernel(lambda i: call(), device=device, graphed=True).median_s, sets[0],
                    variants)
         variant = {"variant": built.variant.describe()}
-    return (time_kernel(lambda i: built(*sets[i]), device=device, rotate=len(sets), graphed=True), variant,
-            built.launches)
+    return time_measured(lambda i: built(*sets[i]), sets, device), variant, built.launches
+
+
+def keyed_versions(backends: Sequence[Backend], device: str) -> dict[str, str]:
+    """Each backend's version as the profile database keys its measurements on ``device``: with the CPU timer's
+    protocol there, so that kernels timed another way are measured again."""
+    suffix = f"+{CPU_PROTOCOL}" if device == "cpu" else ""
+    return {b.name: b.version + suffix for b in backends}
 
 
 def _chunks(count: int, jobs: int, size: int) -> list[list[int]]:
@@ -266,7 +272,7 @@ class KernelMeasurer:
         if self.device == "cpu":
             heap.keep_freed_memory()  # kernels timed here too (a failed worker's): on the heap a unit runs on
         self.backends = [b for b in (backends or backends_for(target)) if b.supports_device(self.device)]
-        self.versions = {b.name: b.version for b in self.backends}
+        self.versions = keyed_versions(self.backends, self.device)
         self.jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
         self.best: dict[str, Record | None] = {}
         self._kernels: dict[str, tuple[Graph, list[Backend]]] = {}  # signature -> kernel graph, claiming backends

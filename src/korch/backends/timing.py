@@ -9,6 +9,9 @@ kernel's). Warm-up (module load, compilation, allocator growth, clock
 ramp) is at least ``warmup`` calls and ``warmup_s`` seconds; then timed runs
 follow until ``repeats`` runs or, once ``min_repeats`` are in, ``budget_s``
 seconds of them. The median is the measurement; the minimum is kept beside it.
+``prepare(i)``, if given, runs untimed before every call on a CPU:
+``time_measured`` (the measured search's timing of a kernel) starts each call
+as an executable does (``ColdStart``).
 
 * CPU: ``time.perf_counter`` around each call. Other processes taking the
   cores the kernel's threads need make every call wait for the scheduler (a
@@ -36,6 +39,7 @@ separately (``backends/check.py``) and never times on zeros.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 import time
@@ -115,10 +119,12 @@ class _Rotation:
 
 def time_kernel(call: Callable[[int], object], *, device: str | torch.device, warmup: int = WARMUP_CALLS,
                 repeats: int = MAX_REPEATS, rotate: int | None = None, warmup_s: float = WARMUP_S,
-                budget_s: float | None = None, min_repeats: int = MIN_REPEATS, graphed: bool = False) -> Timing:
+                budget_s: float | None = None, min_repeats: int = MIN_REPEATS, graphed: bool = False,
+                prepare: Callable[[int], object] | None = None) -> Timing:
     """The median and fastest of timed runs of ``call(i)`` on ``device``, ``i`` cycling over ``rotate`` sets.
     ``graphed``: a kernel under ``GRAPHED_UNDER_S`` on a GPU is timed inside one replayed CUDA graph, as an
-    executable runs it (a kernel's timing, never a whole system's: that would graph a peer that has none)."""
+    executable runs it (a kernel's timing, never a whole system's: that would graph a peer that has none).
+    ``prepare(i)``: untimed, before each CPU call (a GPU times calls queued back to back, with nothing between)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     rotation = _Rotation(rotate)
@@ -129,17 +135,21 @@ def time_kernel(call: Callable[[int], object], *, device: str | torch.device, wa
     if device.type != "cpu":
         raise ValueError(f"cannot time kernels on {device.type} devices")
     return _time_cpu(call, rotation, warmup, warmup_s, repeats, min_repeats,
-                     CPU_BUDGET_S if budget_s is None else budget_s)
+                     CPU_BUDGET_S if budget_s is None else budget_s, prepare)
 
 
-def _warm_up(call, rotation: _Rotation, calls: int, seconds: float, sync: Callable[[], None]) -> tuple[float, float]:
+def _warm_up(call, rotation: _Rotation, calls: int, seconds: float, sync: Callable[[], None],
+             prepare: Callable[[int], object] | None = None) -> tuple[float, float]:
     """Run at least ``calls`` calls and ``seconds`` seconds; returns the mean seconds per call, and per call
     on the host alone (before the closing ``sync``: on a GPU, the time to queue one call)."""
     sync()
     start = time.perf_counter()
     done = 0
     while done < calls or time.perf_counter() - start < seconds:
-        call(rotation.next())
+        index = rotation.next()
+        if prepare is not None:
+            prepare(index)
+        call(index)
         done += 1
     queued = time.perf_counter()
     sync()
@@ -159,16 +169,16 @@ def queued_runs(runs: int, host_s: float, min_repeats: int) -> tuple[int, float]
     return runs, min(runs * per_run, MAX_HOST_LEAD_S)
 
 
-def _time_cpu(call, rotation, warmup, warmup_s, repeats, min_repeats, budget_s) -> Timing:
+def _time_cpu(call, rotation, warmup, warmup_s, repeats, min_repeats, budget_s, prepare=None) -> Timing:
     """A timing no other process disturbed, taken again while one did (the fastest kept if all were)."""
     if config.quiet_tries < 1:  # the load is not looked at
-        return _time_cpu_once(call, rotation, warmup, warmup_s, repeats, min_repeats, budget_s)
+        return _time_cpu_once(call, rotation, warmup, warmup_s, repeats, min_repeats, budget_s, prepare)
     kept = None
     for attempt in range(config.quiet_tries):
         if attempt:
             time.sleep(QUIET_PAUSE_S)
         window = cpu_load.Window()
-        result = _time_cpu_once(call, rotation, warmup, warmup_s, repeats, min_repeats, budget_s)
+        result = _time_cpu_once(call, rotation, warmup, warmup_s, repeats, min_repeats, budget_s, prepare)
         if not window.disturbed(torch.get_num_threads()):
             return result
         if kept is None or result.median_s < kept.median_s:
@@ -176,12 +186,14 @@ def _time_cpu(call, rotation, warmup, warmup_s, repeats, min_repeats, budget_s) 
     return kept
 
 
-def _time_cpu_once(call, rotation, warmup, warmup_s, repeats, min_repeats, budget_s) -> Timing:
-    _warm_up(call, rotation, warmup, warmup_s, sync=lambda: None)
+def _time_cpu_once(call, rotation, warmup, warmup_s, repeats, min_repeats, budget_s, prepare=None) -> Timing:
+    _warm_up(call, rotation, warmup, warmup_s, sync=lambda: None, prepare=prepare)
     samples: list[float] = []
     started = time.perf_counter()
     while len(samples) < repeats and (len(samples) < min_repeats or time.perf_counter() - started < budget_s):
         index = rotation.next()
+        if prepare is not None:
+            prepare(index)
         start = time.perf_counter()
         call(index)
         samples.append(time.perf_counter() - start)
@@ -296,6 +308,66 @@ def timing_inputs(make: Callable[[], object], nbytes: int, device: str | torch.d
     if torch.device(device).type == "cpu":
         return [make()]
     return rotation_sets(lambda i: make(), nbytes, device=device)
+
+
+# The CPU timer's protocol, part of the profile database's key for CPU measurements (``measure.keyed_versions``):
+# 1: every call starts as in an executable (``ColdStart``)
+CPU_PROTOCOL = "cold1"
+# The eviction buffer over the inner caches of the threads that touch it (several times what they hold: a cache
+# is not strictly least-recently-used)
+EVICTION_FACTOR = 3
+
+
+class ColdStart:
+    """What a CPU kernel finds in the cache as an executable calls it, set up before each of its timed calls.
+
+    Its inputs are warm: their producers have just written them. Nothing else of its own is in the caches of
+    its cores (L1 and L2): since its last call the rest of the model ran, and a weight it read then has gone
+    to the shared last level, or further if the model's bytes overflow that too (those models are priced in
+    place, ``in_place.py``). Timed call after call on one input set, a kernel found its weights in L2: the
+    `transformers` models' plans predicted 0.83-0.95 of their units (one process, 2026-11-29, Zen 5); with
+    each call started this way 0.89-1.02, and the convolution networks' hardly moved (Candy 0.99, YOLOX-Nano
+    1.00). Each call is preceded by a write over a buffer several times the threads' inner caches (torch's
+    parallel ``add_``: each thread sweeps its own share), then a write over each input of the call's set."""
+
+    def __init__(self, sets: Sequence[Sequence[torch.Tensor]]):
+        self.sets = sets
+        self.buffer = _eviction_buffer(EVICTION_FACTOR * _inner_cache_bytes() * torch.get_num_threads())
+
+    def __call__(self, index: int) -> None:
+        self.buffer.add_(1.0)
+        for tensor in self.sets[index]:
+            _rewrite(tensor)
+
+
+def time_measured(call: Callable[[int], object], sets: Sequence[Sequence[torch.Tensor]],
+                  device: str | torch.device) -> Timing:
+    """A kernel's timing as the measured search takes it: ``call(i)`` on input set ``sets[i]`` in turn
+    (``timing_inputs``), inside a CUDA graph on a GPU where the kernel is short, each CPU call started as an
+    executable starts it (``ColdStart``)."""
+    cold = ColdStart(sets) if torch.device(device).type == "cpu" else None
+    return time_kernel(call, device=device, rotate=len(sets), graphed=True, prepare=cold)
+
+
+def _rewrite(tensor: torch.Tensor) -> None:
+    """Write ``tensor`` over in place, as its producer leaves it: in the cache (its values unchanged but the sign
+    of a zero)."""
+    if tensor.dtype == torch.bool:
+        tensor.logical_and_(tensor)
+    elif tensor.numel():
+        tensor.add_(0)
+
+
+@functools.cache
+def _eviction_buffer(nbytes: int) -> torch.Tensor:
+    return torch.ones(max(nbytes // 4, 1), dtype=torch.float32)
+
+
+@functools.cache
+def _inner_cache_bytes() -> int:
+    from korch.cost import probe
+
+    return probe.inner_cache_bytes()
 
 
 def take_turns(names: Sequence[str], time_one: Callable[[str, int], T], rounds: int,

@@ -49,6 +49,7 @@ from korch.fsutil import atomic_write_bytes
 PROBE_VERSION = 3
 # Cache size assumed when sysfs says nothing: large, so the bound stays a floor.
 FALLBACK_CACHE_BYTES = 512 << 20
+FALLBACK_INNER_CACHE_BYTES = 2 << 20  # a core's L1 and L2 where sysfs does not say (most x86 cores: 1-2 MB)
 
 _STREAM_BYTES = 256 << 20
 _STREAM_ROUNDS = 3
@@ -154,9 +155,29 @@ def cache_bytes(sysfs: Path = Path("/sys/devices/system/cpu")) -> int:
             size = (index / "size").read_text().strip()
         except OSError:
             continue
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-        seen[key] = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        seen[key] = _size_bytes(size)
     return sum(seen.values()) or FALLBACK_CACHE_BYTES
+
+
+def inner_cache_bytes(sysfs: Path = Path("/sys/devices/system/cpu")) -> int:
+    """Bytes of the data caches below the last level that one core reads through (cpu0's L1 and L2 on most
+    hosts): what a kernel's thread keeps to itself between calls."""
+    levels: dict[int, int] = {}
+    for index in (sysfs / "cpu0" / "cache").glob("index[0-9]*"):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level, size = int((index / "level").read_text()), (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        levels[level] = _size_bytes(size)
+    inner = sum(size for level, size in levels.items() if level < max(levels, default=0))
+    return inner or FALLBACK_INNER_CACHE_BYTES
+
+
+def _size_bytes(size: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
 
 
 def cpu_model() -> str:

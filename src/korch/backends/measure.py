@@ -390,6 +390,8 @@ class KernelMeasurer:
         return self._kernels[signature]
 
     def _resolve(self, signatures: list[str], representative: Mapping[str, int]) -> None:
+        for backend in self.backends:  # before the first batch: the build workers' start-up would slow them
+            self.calling_s(backend.name)
         self.stats.asked += len(signatures)
         found = self._trusted(signatures)
         kernels = {s: self._claimed(s, representative[s])[0] for s in signatures}

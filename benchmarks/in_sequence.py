@@ -1,11 +1,14 @@
 """A measured plan's kernels timed alone and in sequence, beside its compiled unit: which of the two the unit spends.
 
-A measured search times a CPU kernel alone, call after call on one warm input set. In the executable a kernel
-reads what its producer has just written and writes into memory other values left cold. This builds each planned
+A measured search times a CPU kernel alone, call after call on one input set, each call from a cold start. In the
+executable a kernel reads what its producer has just written and writes into memory other values left cold. This builds each planned
 kernel again by the backend the plan chose (from the compilers' caches), times it alone as the search does
 (``timing.time_measured`` on one input set), then runs all of them in the plan's order on the values they pass each
 other (``backends/in_place.InPlaceTimer``, what the search prices an optimum's kernels with), and times the
-OUTDIR's unit in the same process. Each kernel's time is less its backend's calling cost.
+OUTDIR's unit in the same process (before and after the kernels, the mean). Alone, each kernel is timed as the
+search times it (``alone``: every call from a cold start, ``timing.ColdStart``) and, in turns with that, warm
+(``alone_warm``: call after call, as the search did before the cold start). Each kernel's time is less its
+backend's calling cost (the search's, from a cold start, for both).
 
     python benchmarks/in_sequence.py OUTDIR... [--out FILE.json]
 """
@@ -41,25 +44,36 @@ def plan_sums(outdir: Path) -> tuple[dict, list[dict]]:
     timer = InPlaceTimer(SimpleNamespace(
         device="cpu", backends=list(backends.values()), kernel_graph=lambda i: kernels[i],
         record_for=lambda i: SimpleNamespace(backend=names[i]), calling_s=lambda name: calling[name]))
-    arena, alone = RandomArena("cpu"), []
+    arena, alone, warm = RandomArena("cpu"), [], []
+    executable = korch.load(outdir)
+    feeds = seeded_inputs(executable.input_specs)
+    unit_inputs = [torch.from_numpy(feeds[n]) for n in executable.input_names]
+
+    def unit_time() -> float:
+        return time_kernel(lambda _: executable(*unit_inputs), device="cpu", budget_s=3.0, min_repeats=15).median_s
+
     with torch.inference_mode():
+        unit_before = unit_time()
         for i, kernel in enumerate(kernels):
             built = timer.build(i)[1]
             arena.reset()
             inputs = arena.inputs(kernel)
-            alone.append(max(min(time_measured(lambda _: built(*inputs), [inputs], "cpu").median_s
-                                 for _ in range(2)) - calling[names[i]], 0.0))
+            cold_s, warm_s = [], []
+            for _ in range(2):  # in turns: the host's speed drifts
+                cold_s.append(time_measured(lambda _: built(*inputs), [inputs], "cpu").median_s)
+                warm_s.append(time_kernel(lambda _: built(*inputs), device="cpu").median_s)
+            alone.append(max(min(cold_s) - calling[names[i]], 0.0))
+            warm.append(max(min(warm_s) - calling[names[i]], 0.0))
         in_sequence = timer.time(range(len(kernels)))
-        executable = korch.load(outdir)
-        feeds = seeded_inputs(executable.input_specs)
-        inputs = [torch.from_numpy(feeds[n]) for n in executable.input_names]
-        unit_s = time_kernel(lambda _: executable(*inputs), device="cpu", budget_s=3.0, min_repeats=15).median_s
+        unit_s = (unit_before + unit_time()) / 2
     conversions_ms = sum(c.cost_s for c in plan.conversions) * 1e3
     rows = [{"kernel": k.name, "ops": k.ops, "backend": names[i], "planned_us": round(k.cost_s * 1e6, 2),
-             "alone_us": round(alone[i] * 1e6, 2), "in_sequence_us": round(in_sequence[i] * 1e6, 2)}
+             "alone_us": round(alone[i] * 1e6, 2), "alone_warm_us": round(warm[i] * 1e6, 2),
+             "in_sequence_us": round(in_sequence[i] * 1e6, 2)}
             for i, k in enumerate(plan.kernels)]
     summary = {"model": plan.model, "kernels": len(rows), "predicted_ms": round(plan.predicted_latency_s * 1e3, 3),
                "alone_sum_ms": round(sum(alone) * 1e3 + conversions_ms, 3),
+               "alone_warm_sum_ms": round(sum(warm) * 1e3 + conversions_ms, 3),
                "in_sequence_sum_ms": round(sum(in_sequence.values()) * 1e3 + conversions_ms, 3),
                "conversions_ms": round(conversions_ms, 3), "unit_ms": round(unit_s * 1e3, 3)}
     return summary, rows

@@ -324,11 +324,11 @@ class ColdStart:
     Its inputs are warm: their producers have just written them. Nothing else of its own is in the caches of
     its cores (L1 and L2): since its last call the rest of the model ran, and a weight it read then has gone
     to the shared last level, or further if the model's bytes overflow that too (those models are priced in
-    place, ``in_place.py``). Timed call after call on one input set, a kernel found its weights in L2: the
-    `transformers` models' plans predicted 0.83-0.95 of their units (one process, 2026-11-29, Zen 5); with
-    each call started this way 0.89-1.02, and the convolution networks' hardly moved (Candy 0.99, YOLOX-Nano
-    1.00). Each call is preceded by a write over a buffer several times the threads' inner caches (torch's
-    parallel ``add_``: each thread sweeps its own share), then a write over each input of the call's set."""
+    place, ``in_place.py``). Timed call after call on one input set, a kernel found its weights in L2: started
+    this way, the sums of nine plans' kernels rose 1-12% toward their units (2026-11-29, Zen 5,
+    ``benchmarks/in_sequence.py``; Candy's 1%, the `transformers` models' 3-12%). Each call is preceded by a
+    write over a buffer several times the threads' inner caches (torch's parallel ``add_``: each thread sweeps
+    its own share), then a write over each input of the call's set."""
 
     def __init__(self, sets: Sequence[Sequence[torch.Tensor]]):
         self.sets = sets

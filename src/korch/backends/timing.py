@@ -354,7 +354,7 @@ def _rewrite(tensor: torch.Tensor) -> None:
     of a zero)."""
     if tensor.dtype == torch.bool:
         tensor.logical_and_(tensor)
-    elif tensor.numel():
+    else:
         tensor.add_(0)
 
 

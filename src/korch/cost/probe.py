@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from korch import config
@@ -146,38 +147,33 @@ def measure(cache: int = FALLBACK_CACHE_BYTES) -> dict[str, float]:
 
 def cache_bytes(sysfs: Path = Path("/sys/devices/system/cpu")) -> int:
     """Bytes of all data caches of this host (each shared cache once), from sysfs."""
-    seen: dict[tuple[str, str], int] = {}
-    for index in sysfs.glob("cpu[0-9]*/cache/index[0-9]*"):
-        try:
-            if (index / "type").read_text().strip() == "Instruction":
-                continue
-            key = ((index / "level").read_text().strip(), (index / "shared_cpu_list").read_text().strip())
-            size = (index / "size").read_text().strip()
-        except OSError:
-            continue
-        seen[key] = _size_bytes(size)
+    seen = {(level, shared): size for level, shared, size in _data_caches(sysfs.glob("cpu[0-9]*/cache/index[0-9]*"))}
     return sum(seen.values()) or FALLBACK_CACHE_BYTES
 
 
 def inner_cache_bytes(sysfs: Path = Path("/sys/devices/system/cpu")) -> int:
     """Bytes of the data caches below the last level that one core reads through (cpu0's L1 and L2 on most
     hosts): what a kernel's thread keeps to itself between calls."""
-    levels: dict[int, int] = {}
-    for index in (sysfs / "cpu0" / "cache").glob("index[0-9]*"):
-        try:
-            if (index / "type").read_text().strip() == "Instruction":
-                continue
-            level, size = int((index / "level").read_text()), (index / "size").read_text().strip()
-        except (OSError, ValueError):
-            continue
-        levels[level] = _size_bytes(size)
+    levels = {level: size for level, _, size in _data_caches((sysfs / "cpu0" / "cache").glob("index[0-9]*"))}
     inner = sum(size for level, size in levels.items() if level < max(levels, default=0))
     return inner or FALLBACK_INNER_CACHE_BYTES
 
 
-def _size_bytes(size: str) -> int:
+def _data_caches(indices) -> Iterator[tuple[int, str, int]]:
+    """(level, CPUs sharing it, bytes) of each data or unified cache among sysfs's cache ``indices``; an index
+    sysfs cannot fully read is left out."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+    for index in indices:
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((index / "level").read_text())
+            shared = (index / "shared_cpu_list").read_text().strip()
+            size = (index / "size").read_text().strip()
+            nbytes = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        except (OSError, ValueError, IndexError):
+            continue
+        yield level, shared, nbytes
 
 
 def cpu_model() -> str:

@@ -162,9 +162,31 @@ def test_the_calling_cost_is_the_fastest_empty_call_not_a_noisy_median(monkeypat
     from korch.backends.timing import Timing
 
     fastest = iter([9.3e-6, 5.2e-6, 7.1e-6])  # one timing slowed by a busy moment: the fastest is kept
-    monkeypatch.setattr(calling, "time_measured",
-                        lambda call, sets, device: (call(0), Timing(9.9e-6, next(fastest), 100))[1])
-    assert calling.calling_cost_s(registry.LibraryBackend(), "cpu", timings=3) == 5.2e-6
+    warmed = []
+    monkeypatch.setattr(calling, "time_measured", lambda call, sets, device, warm_path:
+                        (call(0), warmed.append(warm_path), Timing(9.9e-6, next(fastest), 100))[-1])
+    backend = registry.LibraryBackend()
+    assert calling.calling_cost_s(backend, "cpu", timings=3) == 5.2e-6
+    # the empty kernel is timed as kernels are: its calling path warmed by itself, built once per process
+    assert warmed == [calling.empty_call(backend, "cpu")] * 3 and warmed[0] is not None
+
+
+def test_a_cpu_kernels_calling_path_is_warmed_by_its_backends_empty_kernel(monkeypatch):
+    """The cold start sweeps the timer's own calling path out of the cache too; the backend's empty kernel
+    brings it back before each timed call, and the calling cost subtracted is timed the same way."""
+    from korch.backends.check import RandomArena
+    from tests.backends.kernels import fresh_kernels
+
+    kernel, = fresh_kernels(1)
+    backend = registry.LibraryBackend()
+    seen = []
+    real = measure.time_measured
+    monkeypatch.setattr(measure, "time_measured", lambda call, sets, device, warm_path=None:
+                        (seen.append(warm_path), real(call, sets, device, warm_path))[-1])
+    checked = measure._build_and_check(backend, kernel, "cpu")
+    assert checked.status == "ok"
+    measure._time_checked(checked, kernel, backend, RandomArena("cpu"), "cpu")
+    assert checked.latency_s > 0 and seen == [calling.empty_call(backend, "cpu")] and seen[0] is not None
 
 
 def test_calling_costs_are_measured_before_the_first_batch_is_built(tmp_path, monkeypatch):

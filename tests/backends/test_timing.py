@@ -417,13 +417,29 @@ def test_cold_start_writes_a_buffer_over_the_inner_caches_then_the_calls_inputs(
     assert sets[1][0].tolist() == [0, 1, 2, 3] and sets[1][0]._version == versions[2] + 1
 
 
+def test_cold_start_warms_the_calling_path_last(monkeypatch):
+    """After the sweep and the inputs, the backend's empty kernel runs: the timer's own calling path is warm
+    again, the kernel's data not (the empty kernel touches none of it)."""
+    monkeypatch.setattr(timing, "_inner_cache_bytes", lambda: 1 << 12)
+    x = torch.ones(3)
+    order = []
+    cold = timing.ColdStart([[x]], warm_path=lambda: order.append(("warm", x._version, float(cold.buffer[0]))))
+    start = float(cold.buffer[0])  # the buffer is the process's, shared by every ColdStart
+    cold(0)
+    cold(0)
+    # each time after the inputs and the buffer were written
+    assert order == [("warm", 1, start + 1), ("warm", 2, start + 2)]
+
+
 def test_a_measured_cpu_kernel_is_timed_from_a_cold_start_and_a_gpu_one_is_not(monkeypatch):
     seen = {}
     monkeypatch.setattr(timing, "time_kernel", lambda call, **kw: seen.update(kw))
     monkeypatch.setattr(timing, "_inner_cache_bytes", lambda: 1 << 12)
     sets = [[torch.ones(2)], [torch.ones(2)]]
-    timing.time_measured(lambda i: None, sets, "cpu")
+    warm = lambda: None  # noqa: E731
+    timing.time_measured(lambda i: None, sets, "cpu", warm)
     assert isinstance(seen["prepare"], timing.ColdStart) and seen["prepare"].sets is sets
+    assert seen["prepare"].warm_path is warm
     assert seen["rotate"] == 2 and seen["graphed"]
     timing.time_measured(lambda i: None, sets, "cuda")
     assert seen["prepare"] is None

@@ -1,7 +1,11 @@
 """What calling a kernel costs the timer beyond the kernel's work (``measure.py``'s module docstring says why it
-is subtracted): each backend's build of a kernel that does nothing, timed as kernels are (``timing.time_measured``)."""
+is subtracted): each backend's build of a kernel that does nothing, timed as kernels are (``timing.time_measured``).
+The same empty kernel, called just before a timed call, brings the calling path back into the cache after the
+timer's cold start (``empty_call``; ``timing.ColdStart`` says why)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from korch.backends.base import Backend
 from korch.backends.check import random_inputs
@@ -14,6 +18,7 @@ CALLING_COST = "calling-cost"
 # Timings of the empty kernel, the fastest kept: a search's first one (2026-11-29, Zen 5) read MLAS's 9.3 us and
 # Inductor's 7.1 against 5.0-5.4 us in a quiet process, and took 2-4 us off each of a plan's 84 kernels
 TIMINGS = 3
+_EMPTY_CALLS: dict[tuple[str, str, str], Callable[[], object] | None] = {}
 
 
 def empty_kernel() -> Graph:
@@ -26,15 +31,31 @@ def empty_kernel() -> Graph:
     return graph
 
 
+def empty_call(backend: Backend, device: str) -> Callable[[], object] | None:
+    """A call of ``backend``'s build of ``empty_kernel`` on ``device``, built once per process (None if the
+    backend builds or runs no such kernel)."""
+    key = (backend.name, backend.version, device)
+    if key not in _EMPTY_CALLS:
+        kernel = empty_kernel()
+        try:
+            built = backend.build(kernel, device)
+            x = [t.to(device) for t in random_inputs(kernel)]
+            built(*x)
+            _EMPTY_CALLS[key] = lambda: built(*x)
+        except Exception:  # a backend that builds or runs no such kernel
+            _EMPTY_CALLS[key] = None
+    return _EMPTY_CALLS[key]
+
+
 def calling_cost_s(backend: Backend, device: str, timings: int = TIMINGS) -> float:
     """The fastest time of ``backend``'s build of ``empty_kernel``, timed as kernels are, over ``timings``
     timings (0 if it cannot build one: nothing is subtracted). The fastest, not the median: what is subtracted
     from every kernel must not carry the noise of one timing (Candy's searches measured Inductor's median at
     5.2 and 8.1 us, and the 8.1 put 63 small kernels below their floors)."""
-    kernel = empty_kernel()
+    call = empty_call(backend, device)
+    if call is None:  # its kernels keep their measured latency
+        return 0.0
     try:
-        built = backend.build(kernel, device)
-        x = [t.to(device) for t in random_inputs(kernel)]
-        return min(time_measured(lambda i: built(*x), [x], device).min_s for _ in range(timings))
-    except Exception:  # a backend that builds or runs no such kernel: its kernels keep their measured latency
+        return min(time_measured(lambda i: call(), [[]], device, warm_path=call).min_s for _ in range(timings))
+    except Exception:
         return 0.0

@@ -18,6 +18,8 @@ the Inductor backend's version: a new Inductor loop is timed again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from korch.backends.base import BuildError, memory_format
@@ -49,15 +51,17 @@ def compiled_copy(example: torch.Tensor, to: str):
         return compile_fx(graph_module, [example, out])
 
 
-def loop_s(tensor: Tensor, to: str, arena: RandomArena, device: str) -> float:
+def loop_s(tensor: Tensor, to: str, arena: RandomArena, device: str,
+           warm_path: Callable[[], object] | None = None) -> float:
     """Seconds Inductor's loop takes to copy a value shaped as ``tensor``, stored in the other layout, into
-    ``to`` (timed on ``arena``'s values, as kernels are); ``BuildError`` if Inductor cannot compile it."""
+    ``to`` (timed on ``arena``'s values, as kernels are, ``warm_path`` Inductor's empty kernel); ``BuildError``
+    if Inductor cannot compile it."""
     sets, outputs = _copy_sets(tensor, to, arena, device)
     try:
         copy = compiled_copy(sets[0], to)
     except Exception as exc:  # Inductor's failures are many and varied
         raise BuildError(f"{INDUCTOR}: a layout conversion: {one_line(exc)}") from exc
-    return time_measured(lambda i: copy(sets[i], outputs[i]), [[x] for x in sets], device).median_s
+    return time_measured(lambda i: copy(sets[i], outputs[i]), [[x] for x in sets], device, warm_path).median_s
 
 
 def torch_copy_s(tensor: Tensor, to: str, arena: RandomArena, device: str) -> float:

@@ -53,7 +53,7 @@ import torch
 from korch import heap, precision, workers
 from korch.backends import conversions, cpp_batch
 from korch.backends.base import Backend, BuildError
-from korch.backends.calling import CALLING_COST, calling_cost_s
+from korch.backends.calling import CALLING_COST, calling_cost_s, empty_call
 from korch.errors import one_line
 from korch.backends.check import RandomArena, check, checked_variants
 from korch.backends.db import ProfileDB, Record
@@ -144,7 +144,7 @@ def _build_and_check(backend: Backend, kernel: Graph, device: str) -> _Checked:
 # In a build worker: the lock every worker holds while it times, so that timings run one at a time; the barrier
 # every worker's _time_held task meets first; a CPU batch's checked kernels held until timed, by (batch, index)
 _DEVICE_LOCK = _BARRIER = _ARENA = None
-_HELD: dict[tuple[int, int], tuple["_Checked", Graph]] = {}
+_HELD: dict[tuple[int, int], tuple["_Checked", Graph, Backend]] = {}
 DEVICE_LOCK_WAIT_S = 120  # a worker that died holding the lock must not hang the search: time without it
 
 
@@ -160,9 +160,9 @@ def _time_held(batch: int, device: str) -> dict[int, "_Checked"]:
     _BARRIER.wait(timeout=DEVICE_LOCK_WAIT_S)
     _ARENA = _ARENA or RandomArena(device)  # its random pools are drawn once per worker
     timed = {}
-    for (held_batch, index), (checked, kernel) in list(_HELD.items()):
+    for (held_batch, index), (checked, kernel, backend) in list(_HELD.items()):
         if held_batch == batch:
-            _time_checked(checked, kernel, _ARENA, device, _DEVICE_LOCK)
+            _time_checked(checked, kernel, backend, _ARENA, device, _DEVICE_LOCK)
             checked.built, timed[index] = None, checked
     _HELD.clear()
     gc.collect()  # the kernels just dropped, and whatever cycles hold their buffers
@@ -201,29 +201,31 @@ def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy:
                    for (built, failed), (kernel, _) in zip(builds, jobs)]
         if timed:
             arena = RandomArena(device)
-            for result, (kernel, _) in zip(checked, jobs):
-                _time_checked(result, kernel, arena, device, _DEVICE_LOCK)
+            for result, (kernel, name) in zip(checked, jobs):
+                _time_checked(result, kernel, backends[name], arena, device, _DEVICE_LOCK)
     if held is not None:
         batch, indices = held
-        _HELD.update({(batch, i): (dataclasses.replace(r), k) for i, r, (k, _) in zip(indices, checked, jobs)
-                      if r.status == "ok"})
+        _HELD.update({(batch, i): (dataclasses.replace(r), k, backends[name])
+                      for i, r, (k, name) in zip(indices, checked, jobs) if r.status == "ok"})
     for result in checked:
         result.built = None  # kernels do not cross processes (one not timed in a worker is rebuilt from the caches)
     return checked
 
 
-def _time_checked(checked: _Checked, kernel: Graph, arena: RandomArena, device: str, lock=None,
+def _time_checked(checked: _Checked, kernel: Graph, backend: Backend, arena: RandomArena, device: str, lock=None,
                   rebuild: Callable[[], object] | None = None) -> None:
-    """Time a kernel that checked into ``checked`` (its latency, launch variant, seconds taken), holding
-    ``lock`` if any and rebuilding the kernel with ``rebuild`` where it was built elsewhere; a timing that
-    fails makes it ``timing_failed``."""
+    """Time ``backend``'s kernel that checked into ``checked`` (its latency, launch variant, seconds taken),
+    holding ``lock`` if any and rebuilding the kernel with ``rebuild`` where it was built elsewhere; a timing
+    that fails makes it ``timing_failed``."""
     if checked.status != "ok":
         return
     try:
         built = checked.built or rebuild()
         with _device_held(lock):
             started = time.perf_counter()
-            timing, checked.variant, checked.launches = _time_built(built, kernel, checked.variants, arena, device)
+            warm_path = empty_call(backend, device) if device == "cpu" else None
+            timing, checked.variant, checked.launches = _time_built(built, kernel, checked.variants, arena, device,
+                                                                    warm_path)
             checked.timing_s = time.perf_counter() - started
         checked.latency_s, checked.graphed = timing.median_s, timing.graphed
         if timing.disturbed:
@@ -232,9 +234,10 @@ def _time_checked(checked: _Checked, kernel: Graph, arena: RandomArena, device: 
         checked.status, checked.message = "timing_failed", one_line(exc, MESSAGE_CHARS)
 
 
-def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomArena, device: str) \
-        -> tuple[Timing, dict | None, int]:
-    """(the timing, chosen launch variant among the checked ``variants``, launches)."""
+def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomArena, device: str,
+                warm_path: Callable[[], object] | None = None) -> tuple[Timing, dict | None, int]:
+    """(the timing, chosen launch variant among the checked ``variants``, launches); ``warm_path``: the
+    backend's empty kernel (``timing.ColdStart``)."""
     arena.reset()
     sets = timing_inputs(lambda: arena.inputs(kernel),
                          sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs)), device)
@@ -243,7 +246,7 @@ def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomAren
         built.tune(lambda call: time_kernel(lambda i: call(), device=device, graphed=True).median_s, sets[0],
                    variants)
         variant = {"variant": built.variant.describe()}
-    return time_measured(lambda i: built(*sets[i]), sets, device), variant, built.launches
+    return time_measured(lambda i: built(*sets[i]), sets, device, warm_path), variant, built.launches
 
 
 def keyed_versions(backends: Sequence[Backend], device: str) -> dict[str, str]:
@@ -326,11 +329,19 @@ class KernelMeasurer:
         """The latency of a measured kernel as the executable runs it: measured, less its calling cost."""
         return max(record.latency_s - self.calling_s(record.backend), 0.0)
 
+    def _backend(self, name: str) -> Backend | None:
+        return next((b for b in self.backends if b.name == name), None)
+
+    def _empty_call(self, backend_name: str) -> Callable[[], object] | None:
+        """The empty kernel of the backend so named, to warm a CPU timer's calling path (``timing.ColdStart``)."""
+        backend = self._backend(backend_name)
+        return empty_call(backend, self.device) if backend is not None and self.device == "cpu" else None
+
     def calling_s(self, backend_name: str) -> float:
         """What calling a kernel of this backend costs the timer beyond the kernel's work: measured once per
         device and backend version and kept in the database, so that the same measurements give the same plan."""
         if backend_name not in self._calling_s:
-            backend = next((b for b in self.backends if b.name == backend_name), None)
+            backend = self._backend(backend_name)
             if backend is None:
                 return 0.0
             self._calling_s[backend_name] = self._remembered(
@@ -347,7 +358,8 @@ class KernelMeasurer:
             if conversions.INDUCTOR in self.versions:
                 with contextlib.suppress(BuildError):  # Inductor could not compile the loop
                     seconds = self._remembered(key, conversions.INDUCTOR, lambda: conversions.loop_s(
-                        tensor, to, self._arena, self.device), "a layout conversion: Inductor's loop")
+                        tensor, to, self._arena, self.device, self._empty_call(conversions.INDUCTOR)),
+                        "a layout conversion: Inductor's loop")
                     seconds -= self.calling_s(conversions.INDUCTOR)
             if seconds is None:
                 seconds = conversions.torch_copy_s(tensor, to, self._arena, self.device)
@@ -465,7 +477,7 @@ class KernelMeasurer:
             if self.on_kernel:
                 self.on_kernel(f"{backend.name} {_ops(kernel)}")
             if checked.latency_s is None:  # built and checked here, or in a worker that does not time
-                _time_checked(checked, kernel, self._arena, self.device,
+                _time_checked(checked, kernel, backend, self._arena, self.device,
                               rebuild=lambda: backend.build(kernel, self.device))
             self.stats.timing_s += checked.timing_s
             self.stats.disturbed += checked.message == DISTURBED

@@ -88,12 +88,14 @@ class Timing:
     runs: int
     disturbed: bool = False  # other processes held cores the kernel needed in every try (CPU)
     graphed: bool = False    # timed inside one replayed CUDA graph (``time_kernel(graphed=True)``)
+    mean_s: float | None = None
 
 
 def summarize(samples: Sequence[float]) -> Timing:
     if not samples:
         raise ValueError("no timed runs")
-    return Timing(median_s=statistics.median(samples), min_s=min(samples), runs=len(samples))
+    return Timing(median_s=statistics.median(samples), min_s=min(samples), runs=len(samples),
+                  mean_s=statistics.fmean(samples))
 
 
 def planned_runs(estimate_s: float, budget_s: float, min_repeats: int, repeats: int) -> int:
@@ -311,8 +313,8 @@ def timing_inputs(make: Callable[[], object], nbytes: int, device: str | torch.d
 
 
 # The CPU timer's protocol, part of the profile database's key for CPU measurements (``measure.keyed_versions``):
-# 1: every call starts as in an executable (``ColdStart``)
-CPU_PROTOCOL = "cold1"
+# cold1: every call starts as in an executable (``ColdStart``); cold2: its calling path warmed again after that
+CPU_PROTOCOL = "cold2"
 # The eviction buffer over the inner caches of the threads that touch it (several times what they hold: a cache
 # is not strictly least-recently-used)
 EVICTION_FACTOR = 3
@@ -328,24 +330,32 @@ class ColdStart:
     this way, the sums of nine plans' kernels rose 1-12% toward their units (2026-11-29, Zen 5,
     ``benchmarks/in_sequence.py``; Candy's 1%, the `transformers` models' 3-12%). Each call is preceded by a
     write over a buffer several times the threads' inner caches (torch's parallel ``add_``: each thread sweeps
-    its own share), then a write over each input of the call's set."""
+    its own share), then a write over each input of the call's set.
 
-    def __init__(self, sets: Sequence[Sequence[torch.Tensor]]):
-        self.sets = sets
+    Last, ``warm_path`` (the kernel's backend's empty kernel, ``calling.empty_call``) brings back what the
+    sweep took from the timer's own calling path (the interpreter, torch's dispatcher, the backend's wrapper),
+    which a compiled unit does not run: on a Xeon with 2 MB of L2 a core an empty kernel's call took 28-71 us
+    from the cold start (its fastest and median calls 20-30 us apart, what a kernel's price then carries) and
+    7.4-18 us so warmed, 1 us apart (2026-11-29)."""
+
+    def __init__(self, sets: Sequence[Sequence[torch.Tensor]], warm_path: Callable[[], object] | None = None):
+        self.sets, self.warm_path = sets, warm_path
         self.buffer = _eviction_buffer(EVICTION_FACTOR * _inner_cache_bytes() * torch.get_num_threads())
 
     def __call__(self, index: int) -> None:
         self.buffer.add_(1.0)
         for tensor in self.sets[index]:
             _rewrite(tensor)
+        if self.warm_path is not None:
+            self.warm_path()
 
 
 def time_measured(call: Callable[[int], object], sets: Sequence[Sequence[torch.Tensor]],
-                  device: str | torch.device) -> Timing:
+                  device: str | torch.device, warm_path: Callable[[], object] | None = None) -> Timing:
     """A kernel's timing as the measured search takes it: ``call(i)`` on input set ``sets[i]`` in turn
     (``timing_inputs``), inside a CUDA graph on a GPU where the kernel is short, each CPU call started as an
-    executable starts it (``ColdStart``)."""
-    cold = ColdStart(sets) if torch.device(device).type == "cpu" else None
+    executable starts it, its calling path warmed by ``warm_path`` (``ColdStart``)."""
+    cold = ColdStart(sets, warm_path) if torch.device(device).type == "cpu" else None
     return time_kernel(call, device=device, rotate=len(sets), graphed=True, prepare=cold)
 
 

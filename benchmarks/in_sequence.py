@@ -60,8 +60,8 @@ def plan_sums(outdir: Path) -> tuple[dict, list[dict]]:
             arena.reset()
             inputs = arena.inputs(kernel)
             cold, warm_s = [], []
+            warm_path = empty_call(backends[names[i]], "cpu")
             for _ in range(2):  # in turns: the host's speed drifts
-                warm_path = empty_call(backends[names[i]], "cpu")
                 cold.append(time_measured(lambda _: built(*inputs), [inputs], "cpu", warm_path))
                 warm_s.append(time_kernel(lambda _: built(*inputs), device="cpu").median_s)
             alone.append(max(min(t.median_s for t in cold) - calling[names[i]], 0.0))

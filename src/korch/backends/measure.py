@@ -221,9 +221,9 @@ def _time_checked(checked: _Checked, kernel: Graph, backend: Backend, arena: Ran
         return
     try:
         built = checked.built or rebuild()
+        warm_path = _warm_path(backend, device)  # built before the lock: other workers' timings do not wait on it
         with _device_held(lock):
             started = time.perf_counter()
-            warm_path = empty_call(backend, device) if device == "cpu" else None
             timing, checked.variant, checked.launches = _time_built(built, kernel, checked.variants, arena, device,
                                                                     warm_path)
             checked.timing_s = time.perf_counter() - started
@@ -232,6 +232,12 @@ def _time_checked(checked: _Checked, kernel: Graph, backend: Backend, arena: Ran
             checked.message = DISTURBED
     except Exception as exc:
         checked.status, checked.message = "timing_failed", one_line(exc, MESSAGE_CHARS)
+
+
+def _warm_path(backend: Backend | None, device: str) -> Callable[[], object] | None:
+    """``backend``'s empty kernel, to warm a CPU timer's calling path after its cold start (``timing.ColdStart``);
+    None elsewhere (a GPU timer has no cold start)."""
+    return empty_call(backend, device) if backend is not None and device == "cpu" else None
 
 
 def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomArena, device: str,
@@ -332,11 +338,6 @@ class KernelMeasurer:
     def _backend(self, name: str) -> Backend | None:
         return next((b for b in self.backends if b.name == name), None)
 
-    def _empty_call(self, backend_name: str) -> Callable[[], object] | None:
-        """The empty kernel of the backend so named, to warm a CPU timer's calling path (``timing.ColdStart``)."""
-        backend = self._backend(backend_name)
-        return empty_call(backend, self.device) if backend is not None and self.device == "cpu" else None
-
     def calling_s(self, backend_name: str) -> float:
         """What calling a kernel of this backend costs the timer beyond the kernel's work: measured once per
         device and backend version and kept in the database, so that the same measurements give the same plan."""
@@ -358,7 +359,8 @@ class KernelMeasurer:
             if conversions.INDUCTOR in self.versions:
                 with contextlib.suppress(BuildError):  # Inductor could not compile the loop
                     seconds = self._remembered(key, conversions.INDUCTOR, lambda: conversions.loop_s(
-                        tensor, to, self._arena, self.device, self._empty_call(conversions.INDUCTOR)),
+                        tensor, to, self._arena, self.device,
+                        _warm_path(self._backend(conversions.INDUCTOR), self.device)),
                         "a layout conversion: Inductor's loop")
                     seconds -= self.calling_s(conversions.INDUCTOR)
             if seconds is None:

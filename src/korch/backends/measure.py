@@ -14,9 +14,8 @@ Builds and checks run in parallel worker processes (``jobs``), in chunks of
 kernels whose C++ compiles in one compiler run (``cpp_batch.py``), and fill the
 compilers' on-disk caches. The workers time their kernels themselves, one worker
 at a time (a lock: timings taken in parallel would disturb each other), so that
-no kernel is rebuilt here (the H100's BERT-layer search spent 187 s
-timing in the main process, most of it rebuilding from caches, after 106 s of
-builds; Candy's CPU search 40 s of 260). On a GPU they time as they build:
+no kernel is rebuilt here (the H100's BERT-layer search once spent 187 s
+rebuilding from caches to time, after 106 s of builds). On a GPU they time as they build:
 timings run on the device while the others compile on the host's cores. On
 a CPU the builds occupy the cores a timing needs, so each worker keeps what it
 built until every build of the batch is done, then the workers time in turn
@@ -25,10 +24,9 @@ built until every build of the batch is done, then the workers time in turn
 A kernel is timed through its Python call (a compiled Inductor function, a
 torch operator), a path the executable does not take: a CPU executable is one
 compiled unit (0.1 us per kernel), a GPU one replays a CUDA graph. So each
-backend's calling cost is measured once, on a kernel that does nothing (one
-negation of one element), and the latency the solver sees is the measured
-one less that cost (the database keeps what was measured, and the calling cost
-under its own signature).
+backend's calling cost is measured once, on a kernel that does nothing (one negation
+of one element), and the solver sees the measured latency less that cost (the
+database keeps what was measured, and the calling cost under its own signature).
 
 Kernels are built and timed under the run's precision policy: ``korch.optimize``
 sets torch's switches for the whole run (``precision.use``); a build worker,

@@ -35,6 +35,13 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _measurements(db: Path) -> int:
     if not db.exists():
         return 0
@@ -61,14 +68,20 @@ def test_killing_a_measured_search_kills_its_workers_and_keeps_the_database(tmp_
             time.sleep(0.5)
         assert search.poll() is None, "the search ended before it could be killed mid-measurement"
         assert workers and _measurements(db) > 0, "no workers or no measurement within 300 s"
+        commands = {p: _command(p) for p in workers}
         search.kill()
         search.wait()
-        # The workers die with their parent (PR_SET_PDEATHSIG); on a loaded machine the kernel may take a moment
-        # to deliver the signal and reap them, so wait for them, within a bound, rather than a fixed sleep.
-        gone_by = time.monotonic() + 30
-        while [p for p in workers if _alive(p)] and time.monotonic() < gone_by:
+        killed_at = time.monotonic()
+        # the build workers die with their parent (PR_SET_PDEATHSIG): within 5 s; multiprocessing's resource
+        # tracker, the search's other child, exits when its pipe closes: given up to 30 s on a loaded machine
+        builders = [p for p in workers if "spawn_main" in commands[p]]
+        assert builders, commands
+        while time.monotonic() < killed_at + 30 and any(_alive(p) for p in workers):
             time.sleep(0.2)
-        assert not [p for p in workers if _alive(p)], "build workers outlived the killed search by 30 s"
+            if time.monotonic() > killed_at + 5:
+                outlived = {p: commands[p] for p in builders if _alive(p)}
+                assert not outlived, f"build workers outlived the killed search by 5 s: {outlived}"
+        assert not [p for p in workers if _alive(p)], f"children outlived the search by 30 s: {commands}"
     finally:
         if search.poll() is None:
             search.kill()

@@ -40,11 +40,16 @@ def _sizes(executable, args, given: dict) -> list[int | None]:
 
 
 def cmd_run(args) -> int:
+    from korch.runtime.bundle import manifest_path
+
+    # what a wrong command line gets wrong, said before torch is imported (seconds)
+    manifest_path(args.outdir)
+    given = {**(read_npz(args.inputs, "--inputs") or {}), **read_arrays(args.input)}
+
     from korch.api import load
     from korch.runtime.selfcheck import given_at_build
 
     executable = load(args.outdir, target=args.target, allow_unchecked=args.allow_unchecked)
-    given = {**(read_npz(args.inputs, "--inputs") or {}), **read_arrays(args.input)}
     unknown = [n for n in given if n not in executable.input_specs]
     if unknown:
         raise KorchError(f"unknown input(s) {', '.join(unknown)}; the executable takes {executable.describe_inputs()}")

@@ -2,6 +2,10 @@
 bad input is one line on stderr with exit status 2."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,6 +13,8 @@ import pytest
 from korch.ir.ort import run_model
 from tests.runtime.test_executable import _two_output_model
 from tests.test_cli import assert_one_line_error, korch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def optimize_two_output_model(root, run=korch):
@@ -114,3 +120,14 @@ def test_bench_prints_ratios_writes_json_and_the_report(outdir, tmp_path):
 
 def test_bench_refuses_unknown_peers(tmp_path):
     assert_one_line_error(korch("bench", "zoo:candy", "--against", "tensorrt", "-o", tmp_path / "b"), "tensorrt")
+
+
+@pytest.mark.parametrize("arguments", [["run", "{tmp}/nowhere"], ["run", "{tmp}", "--input", "x"]])
+def test_a_wrong_run_command_line_is_refused_before_torch_is_imported(tmp_path, arguments):
+    (tmp_path / "manifest.json").write_text("{}")  # enough to pass for an executable until it is read
+    code = ("import sys; from korch.cli import main; code = main(sys.argv[1:]); "
+            "print('torch imported' if 'torch' in sys.modules else 'no torch'); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", code, *[a.format(tmp=tmp_path) for a in arguments]],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert result.returncode == 2 and "korch: error:" in result.stderr, result.stderr
+    assert result.stdout.strip() == "no torch"

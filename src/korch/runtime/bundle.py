@@ -112,17 +112,25 @@ class BundleWriter:
         return atomic_write_bytes(self.outdir / MANIFEST, json.dumps(data, indent=1).encode())
 
 
-def read_manifest(outdir: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
-    """The manifest of ``outdir`` and the verified contents of the files the loader reads, after checking the
-    directory is a complete, uncorrupted executable (each file is read once; those in ``OPENED_BY_PATH`` are
-    verified and left on disk for their loader). ``reference.onnx`` is verified where it is used
-    (``verified_path``): a check needs it, running does not."""
+def manifest_path(outdir: str | os.PathLike) -> Path:
+    """``outdir``'s manifest file, or a one-line error where ``outdir`` is no executable at all (cheap: the CLI
+    asks before it imports torch)."""
     outdir = Path(outdir)
     if not outdir.is_dir():
         raise KorchError(f"no korch executable at {outdir}: no such directory")
     path = outdir / MANIFEST
     if not path.is_file():
         raise KorchError(f"{outdir} is not a korch executable (no {MANIFEST}; write one with korch optimize -o)")
+    return path
+
+
+def read_manifest(outdir: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
+    """The manifest of ``outdir`` and the verified contents of the files the loader reads, after checking the
+    directory is a complete, uncorrupted executable (each file is read once; those in ``OPENED_BY_PATH`` are
+    verified and left on disk for their loader). ``reference.onnx`` is verified where it is used
+    (``verified_path``): a check needs it, running does not."""
+    outdir = Path(outdir)
+    path = manifest_path(outdir)
     try:
         manifest = json.loads(path.read_bytes())
     except ValueError as exc:

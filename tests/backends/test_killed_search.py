@@ -35,6 +35,13 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _alive_after(pids: list[int], deadline: float) -> list[int]:
+    """Those of ``pids`` still alive at ``deadline`` (``time.monotonic``), returning as soon as none is."""
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [p for p in pids if _alive(p)]
+
+
 def _command(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -76,12 +83,9 @@ def test_killing_a_measured_search_kills_its_workers_and_keeps_the_database(tmp_
         # tracker, the search's other child, exits when its pipe closes: given up to 30 s on a loaded machine
         builders = [p for p in workers if "spawn_main" in commands[p]]
         assert builders, commands
-        while time.monotonic() < killed_at + 30 and any(_alive(p) for p in workers):
-            time.sleep(0.2)
-            if time.monotonic() > killed_at + 5:
-                outlived = {p: commands[p] for p in builders if _alive(p)}
-                assert not outlived, f"build workers outlived the killed search by 5 s: {outlived}"
-        assert not [p for p in workers if _alive(p)], f"children outlived the search by 30 s: {commands}"
+        outlived = _alive_after(builders, killed_at + 5)
+        assert not outlived, f"build workers outlived the killed search by 5 s: {[commands[p] for p in outlived]}"
+        assert not _alive_after(workers, killed_at + 30), f"children outlived the search by 30 s: {commands}"
     finally:
         if search.poll() is None:
             search.kill()

@@ -128,6 +128,7 @@ def test_a_wrong_run_command_line_is_refused_before_torch_is_imported(tmp_path, 
     code = ("import sys; from korch.cli import main; code = main(sys.argv[1:]); "
             "print('torch imported' if 'torch' in sys.modules else 'no torch'); sys.exit(code)")
     result = subprocess.run([sys.executable, "-c", code, *[a.format(tmp=tmp_path) for a in arguments]],
-                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+                            timeout=120)
     assert result.returncode == 2 and "korch: error:" in result.stderr, result.stderr
     assert result.stdout.strip() == "no torch"

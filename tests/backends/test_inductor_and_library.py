@@ -175,6 +175,28 @@ def test_a_cpu_kernel_is_compiled_as_the_unit_compiles_it_weights_packed_activat
     check_built(built, graph)
 
 
+def test_a_cpu_kernels_product_is_packed_for_onednn_as_in_the_unit_its_gelu_a_post_op():
+    """Measured alone, a product with its bias and GELU runs as one packed oneDNN call with the GELU as its
+    post-op, as the unit's ahead-of-time compile runs it; compiled as a Python module Inductor packed the weight
+    for MKL (``mkl._mkl_linear``), which takes no post-op, and computed the GELU in a loop after it."""
+    from onnx import helper
+
+    from tests.backends.kernels import kernel
+
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Gelu", ["a"], ["y"])]
+    graph = kernel(nodes, {"x": (24, 32)}, {"y": (24, 48)},
+                   {"w": rng.standard_normal((32, 48)).astype(np.float32) / 6,
+                    "b": rng.standard_normal(48).astype(np.float32)})
+    built = InductorBackend().build(graph, "cpu")
+    calls = [line for line in built.source.split("def call(", 1)[1].splitlines() if not line.lstrip().startswith("#")]
+    assert any("mkldnn._linear_pointwise" in line and "'gelu'" in line for line in calls), "\n".join(calls)
+    assert not any("_mkl_linear" in line for line in calls)
+    assert built.launches == 1
+    check_built(built, graph)
+
+
 def _pointwise_conv_model():
     """A 1x1 convolution with its bias and a ReLU, then a 3x3 one."""
     import onnx

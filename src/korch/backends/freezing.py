@@ -9,7 +9,8 @@ them alone, packs convolution and product weights once, at compile time, in the 
 
 ``frozen_compile`` is the configuration both compile under; ``as_buffers`` turns the constants ``make_fx``
 binds into a traced graph (plain attributes, which freezing leaves alone) into the buffers it freezes;
-``weight_packing`` makes ``cpp.weight_prepack`` mean what it says whatever the process compiled before.
+``weight_packing`` makes ``cpp.weight_prepack`` mean what it says whatever the process compiled before;
+``packed_as_ahead_of_time`` has a kernel's float32 products packed as the unit's ahead-of-time compile packs them.
 """
 
 from __future__ import annotations
@@ -24,9 +25,36 @@ import torch
 def frozen_compile(prepack: bool = True) -> Iterator[None]:
     """While active, Inductor compiles for inference with its constants frozen, its weights packed for oneDNN
     if and only if ``prepack`` (freezing only applies without grad)."""
-    with weight_packing(prepack), torch.no_grad(), \
+    with weight_packing(prepack), packed_as_ahead_of_time(), torch.no_grad(), \
             torch._inductor.config.patch({"freezing": True, "cpp.weight_prepack": prepack}):
         yield
+
+
+@contextlib.contextmanager
+def packed_as_ahead_of_time() -> Iterator[None]:
+    """While active, freezing packs a float32 product's weight as an ahead-of-time compile (a unit) does.
+
+    Inductor packs it for MKL (``mkl._mkl_linear``) when it compiles a Python module, and for oneDNN
+    (``mkldnn._linear_pointwise``) when it compiles ahead of time, since an MKL-packed weight cannot move
+    (``V.aot_compilation`` decides, in ``mkldnn_fusion``). Only oneDNN's product takes an activation after it
+    as a post-op, so a kernel measured alone ran a ViT block's product and its GELU as the product and an
+    erf loop (the loop 0.69 ms of the unit's 19 profiled), while the unit ran the GELU in the product's
+    epilogue; and MKL's packed product runs at a third of oneDNN's rate on an AMD EPYC (issue 11). The freeze
+    runs as ahead of time, the rest of the compile as it was (a Python module)."""
+    from torch._inductor import freezing
+    from torch._inductor.virtualized import V
+
+    freeze = freezing.freeze  # compile_fx imports it from the module at each compile
+
+    def freeze_ahead_of_time(*args, **kwargs):
+        with V.set_aot_compilation(True):
+            return freeze(*args, **kwargs)
+
+    freezing.freeze = freeze_ahead_of_time
+    try:
+        yield
+    finally:
+        freezing.freeze = freeze
 
 
 def as_buffers(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:

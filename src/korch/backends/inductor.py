@@ -40,13 +40,14 @@ from korch.ir import dtypes
 from korch.ir.graph import CHANNELS_LAST, Graph
 from korch.ir.ops import Op
 
-VERSION = "10"  # 3: CPU kernels return their outputs; 4: their float32 exp is ATen's exp_u20 (vector_exp.py);
+VERSION = "11"  # 3: CPU kernels return their outputs; 4: their float32 exp is ATen's exp_u20 (vector_exp.py);
 # 5: CPU kernels timed on warm inputs (timing.timing_inputs); 6: activations and biased products as torch's ops
 # (torch_ops.rewritten_steps); 7: CPU kernels compiled frozen, weights packed for oneDNN (freezing.py); 8: 1-D
 # convolutions as 2-D ones (torch_ops._conv1d_as_2d); 9: kernels with channels-last boundaries compute
 # depthwise convolutions as their taps' sum (torch_ops._depthwise_conv) and 1x1 ones over channels-last rows,
 # and inductor-libconv builds such depthwise convolutions by the library; 10: kernels compiled in batches inline
-# ATen's vector helpers (inlining.py)
+# ATen's vector helpers (inlining.py); 11: float32 products packed for oneDNN as in a unit, an activation after
+# one its post-op (freezing.packed_as_ahead_of_time)
 _KERNEL_DEFINITIONS = re.compile(r"async_compile\.(cpp_pybinding|cpp|triton)\(")
 _LIBRARY_CALLS = re.compile(r"\b(extern_kernels\.\w+|torch\.ops\.\w+\.\w+(?:\.\w+)?)\(")
 

@@ -39,6 +39,9 @@ def test_the_estimate_counts_every_distinct_kernel_and_the_plans(tmp_path):
     # every kernel is Inductor's too; Triton's kernels compile once per launch variant, and each is timed
     assert e.every.compiles["inductor"] == e.every.signatures
     assert e.every.timed_variants >= sum(e.every.compiles.values())
+    # what the search times is each signature as each backend built it: Inductor's, and Triton's or the library's
+    assert e.every.signatures < e.every.kernels <= e.every.timed_variants
+    assert e.minutes(e.every) >= e.every.kernels * e.timing_s / 60
     assert e.compile_s and all(s > 0 for s in e.compile_s.values())
     assert 0 < e.minutes(e.plan_only) < e.minutes(e.every)
     fewer_cores = estimate(path, target="h100", jobs=1, sample=1)

@@ -3,11 +3,13 @@ before it runs; for a GPU target, before a GPU is lent.
 
 The model's candidates are enumerated as ``korch optimize`` enumerates them, and each distinct candidate
 kernel (signature) is asked of every backend of the target. A Triton kernel is compiled once per launch
-variant, an Inductor kernel once, a library kernel not at all; every variant is then timed on the device,
-one at a time (``timing.BUDGET_S`` plus warm-up each). Compile seconds per Triton kernel class are measured
-here on a sample, compiled for the target's architecture in spawned processes (``backends/triton/ahead.py``);
-an Inductor kernel is charged the mean of those (Inductor cannot generate GPU code without a GPU). Compiles
-spread over ``jobs`` cores of the machine the search will run on.
+variant, an Inductor kernel once, a library kernel not at all; every kernel each backend built is then timed on
+the device, one at a time, at the seconds a kernel's timing took in an H100's measured search
+(``TIMING_S_PER_KERNEL``: its launch variants tuned, its inputs laid out, its runs captured and replayed,
+not only the timer's budget of ``timing.BUDGET_S`` plus warm-up a variant first assumed). Compile seconds per
+Triton kernel class are measured here on a sample, compiled for the target's architecture in spawned processes
+(``backends/triton/ahead.py``); an Inductor kernel is charged the mean of those (Inductor cannot generate GPU
+code without a GPU). Compiles spread over ``jobs`` cores of the machine the search will run on.
 
 Two bounds: every signature measured (what the search does while floors are loose: it measures ahead every
 column still in reach of a cheaper plan, nearly all of them, docs/orchestration.md), and the roofline plan's
@@ -28,6 +30,10 @@ from collections.abc import Mapping, Sequence
 ARCHITECTURES = {"h100": 90, "h200": 90, "a100": 80, "v100": 70}
 # Triton kernels compiled per class to time its compiles
 SAMPLE_PER_CLASS = 3
+# Seconds the measured search of an H100 spent timing one kernel (a candidate as one backend built it): 571
+# kernels of the ViT block, YOLOX-Nano and Candy in 223.3 s (0.30-0.66 s by model; fourth GPU session,
+# 2026-11-27, benchmarks/results/gpu_2026-11-27/measured.json); every GPU target's until one is measured
+TIMING_S_PER_KERNEL = 223.3 / 571
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +43,7 @@ class Work:
     signatures: int
     compiles: Mapping[str, int]     # by kernel class ("inductor" for Inductor's kernels)
     timed_variants: int
+    kernels: int                    # signatures as each backend builds them: what the search times
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,13 +55,13 @@ class SearchEstimate:
     every: Work                         # every signature measured
     plan_only: Work                     # the roofline plan's kernels alone
     compile_s: Mapping[str, float]      # mean seconds of one compile, by kernel class
-    timing_s: float                     # seconds to time one variant on the device
+    timing_s: float                     # seconds to time one kernel on the device (``TIMING_S_PER_KERNEL``)
 
     def minutes(self, work: Work) -> float:
         compiling = sum(n * self.compile_s.get(cls, self.mean_compile_s) for cls, n in work.compiles.items())
         # the build workers compile in parallel; each times its kernels on the device while the others
         # compile, one worker at a time (backends/measure.py): the longer of the two is the search
-        return max(compiling / self.jobs, work.timed_variants * self.timing_s) / 60
+        return max(compiling / self.jobs, work.kernels * self.timing_s) / 60
 
     @property
     def mean_compile_s(self) -> float:
@@ -65,13 +72,14 @@ class SearchEstimate:
                  f"{self.every.signatures} distinct kernels; compile seconds measured here for sm_"
                  f"{ARCHITECTURES[self.target]}: "
                  + ", ".join(f"{cls} {s:.2f}" for cls, s in sorted(self.compile_s.items()))
-                 + f"; {self.timing_s:.2f} s to time a variant; {self.jobs} cores compiling"]
+                 + f"; {self.timing_s:.2f} s to time a kernel (an H100's); {self.jobs} cores compiling"]
         for label, work in (("every kernel measured", self.every),
                             ("the roofline plan's kernels only", self.plan_only)):
             compiles = sum(work.compiles.values())
             lines.append(f"  {label}: {work.signatures} kernels, {compiles} compiles "
                          f"({', '.join(f'{c} {n}' for c, n in sorted(work.compiles.items()))}), "
-                         f"{work.timed_variants} timed variants: about {self.minutes(work):.1f} min")
+                         f"{work.kernels} kernels timed ({work.timed_variants} variants): "
+                         f"about {self.minutes(work):.1f} min")
         return "\n".join(lines)
 
 
@@ -92,7 +100,7 @@ def _environment(**values: str):
 
 def _work(kernels: Mapping[str, tuple[str | None, int, Sequence[str]]], signatures) -> Work:
     compiles: Counter = Counter()
-    timed = 0
+    timed = built = 0
     for s in signatures:
         triton_class, variants, backends = kernels[s]
         if triton_class:
@@ -102,14 +110,14 @@ def _work(kernels: Mapping[str, tuple[str | None, int, Sequence[str]]], signatur
             compiles["inductor"] += 1
             timed += 1
         timed += "library" in backends
-    return Work(len(signatures), dict(compiles), timed)
+        built += bool(triton_class) + ("inductor" in backends) + ("library" in backends)
+    return Work(len(signatures), dict(compiles), timed, built)
 
 
 def estimate(model, *, target: str, jobs: int = 16, input_shapes=None, max_kernel_nodes: int | None = None,
              sample: int = SAMPLE_PER_CLASS) -> SearchEstimate:
     """The search ``korch optimize model --target target --cost measured`` would run (see the docstring)."""
     from korch import config
-    from korch.backends import timing
     from korch.backends.registry import BackendPredicate, backends_for
     from korch.backends.triton.ahead import compile_many
     from korch.backends.triton.backend import _attempt
@@ -149,7 +157,6 @@ def estimate(model, *, target: str, jobs: int = 16, input_shapes=None, max_kerne
             seconds[cls].append(result.seconds)
     compile_s = {cls: sum(v) / len(v) for cls, v in seconds.items()}
     planned = {k.signature for k in plan.kernels} & kernels.keys()
-    timing_s = timing.BUDGET_S + timing.WARMUP_S
     return SearchEstimate(graph.name, target, jobs, len(candidates), _work(kernels, list(kernels)),
-                          _work(kernels, sorted(planned)), compile_s, timing_s)
+                          _work(kernels, sorted(planned)), compile_s, TIMING_S_PER_KERNEL)
 

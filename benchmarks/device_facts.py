@@ -6,7 +6,11 @@ What the cost model's device table should hold instead of datasheet figures
 * copy bandwidth: a device-to-device ``copy_`` of 1 GiB (bytes read plus written);
 * matrix rate: an 8192-cube ``matmul`` in float32 (tf32 off), tf32 and bf16 on random data;
 * one kernel's time: 1000 one-element adds launched from Python, and the same adds captured in a
-  CUDA graph and replayed (the executable's calling path), per kernel.
+  CUDA graph and replayed (the executable's calling path), per kernel;
+* the measured search's timer: the seconds ``measure._time_built`` spends on a kernel, by step (its input sets,
+  tuning its launch variants, its timed runs, the rest), over a sample of Candy's candidates as each backend
+  builds them. The H100's searches spent 0.39 s timing a kernel (2026-11-27), most of a GPU search's
+  estimate (``korch/search_estimate.py``); these steps say where it goes.
 
 Each is the median of korch's kernel timer (``backends/timing.py``: warm-up, CUDA events on a GPU). On a
 CPU (the campaign's dry run) the same measurements run smaller, timed with the host clock.
@@ -16,6 +20,7 @@ CPU (the campaign's dry run) the same measurements run smaller, timed with the h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -76,11 +81,81 @@ def kernel_time(device: str) -> dict[str, float]:
     return facts
 
 
-def measure() -> dict:
+@contextlib.contextmanager
+def _timed_steps(seconds: dict[str, float]):
+    """While active, the timer's steps that ``measure._time_built`` calls add their seconds to ``seconds``."""
+    from korch.backends import measure
+
+    def timed(step, fn):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[step] = seconds.get(step, 0.0) + time.perf_counter() - start
+        return run
+
+    kept = measure.timing_inputs, measure.time_kernel, measure.time_measured
+    measure.timing_inputs = timed("input sets", measure.timing_inputs)
+    measure.time_kernel = timed("tuning launch variants", measure.time_kernel)  # what tune() times with
+    measure.time_measured = timed("timed runs", measure.time_measured)
+    try:
+        yield
+    finally:
+        measure.timing_inputs, measure.time_kernel, measure.time_measured = kept
+
+
+def search_timer(device: str, count: int = 6) -> dict:
+    """Seconds the measured search's timer spends on a kernel, by step, over ``count`` of Candy's candidates (the
+    first each backend of ``device``'s target claims and builds), each kernel timed as ``measure._time_built``
+    times it; "rest" is what no step holds (the arena's reset, the warm path, Python)."""
+    from korch.backends import measure
+    from korch.backends.check import RandomArena
+    from korch.backends.registry import backends_for
+    from korch.ir.subgraph import extract
+    from korch.orchestrate.candidates import enumerate_candidates
+    from korch.pipeline import load_model
+
+    target = "h100" if device == "cuda" else "cpu"
+    _, graph, _ = load_model("zoo:candy")
+    candidates = enumerate_candidates(graph)
+    arena, rows = RandomArena(device), []
+    for backend in backends_for(target):
+        built_count = 0
+        for candidate in candidates.candidates:
+            if built_count == count:
+                break
+            kernel = extract(graph, candidate.nodes, candidate.inputs, candidate.outputs)
+            if backend.claims(kernel) is not None:
+                continue
+            checked = measure._build_and_check(backend, kernel, device)
+            if checked.status != "ok":
+                continue
+            built_count += 1
+            steps: dict[str, float] = {}
+            start = time.perf_counter()
+            with _timed_steps(steps):
+                measure._time_built(checked.built, kernel, checked.variants, arena, device,
+                                    measure._warm_path(backend, device))
+            total = time.perf_counter() - start
+            rows.append({"backend": backend.name, "total_s": total, **steps,
+                         "rest": total - sum(steps.values())})
+    steps = sorted({k for row in rows for k in row} - {"backend", "total_s"})
+    mean = lambda key, rs: sum(r.get(key, 0.0) for r in rs) / len(rs)  # noqa: E731
+    by_backend = {name: {"kernels": len(rs), "seconds_per_kernel": mean("total_s", rs),
+                         **{step: mean(step, rs) for step in steps}}
+                  for name in dict.fromkeys(r["backend"] for r in rows)
+                  for rs in [[r for r in rows if r["backend"] == name]]}
+    return {"kernels": len(rows), "seconds_per_kernel": mean("total_s", rows) if rows else None,
+            "steps_per_kernel": {step: mean(step, rows) for step in steps} if rows else {}, "by_backend": by_backend}
+
+
+def measure(timer_kernels: int = 6) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     facts = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "date": time.strftime("%Y-%m-%d"),
              "torch": torch.__version__, "copy_bandwidth_Bps": copy_bandwidth(device),
-             "matmul_flops": matrix_rates(device), "one_kernel": kernel_time(device)}
+             "matmul_flops": matrix_rates(device), "one_kernel": kernel_time(device),
+             "search_timer": search_timer(device, timer_kernels)}
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         facts["properties"] = {"multiprocessors": props.multi_processor_count, "memory_bytes": props.total_memory,

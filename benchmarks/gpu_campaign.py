@@ -5,7 +5,8 @@ the work is cut in phases, each run by one call, each writing its results as it
 goes (a command killed at its limit still returns what it finished):
 
 * ``facts``: the device's measured ceilings (``device_facts.py``: copy bandwidth, matrix
-  rates, one kernel's time launched and in a replayed CUDA graph);
+  rates, one kernel's time launched and in a replayed CUDA graph, the seconds the measured
+  search's timer spends on a kernel, by step);
 * ``smoke``: the environment (GPU, versions) and ``pytest -m gpu`` (every kernel
   class on CUDA, each launch variant, a zoo executable replayed from its CUDA graph);
 * ``small``: the small zoo models, ``korch optimize`` (roofline costs) and
@@ -84,6 +85,7 @@ class Setting:
     measured_time_limit_s: float | None       # a measured search's seconds at most (None: what the deadline leaves)
     smoke_workers: int                        # pytest-xdist processes (0: none): Triton compiles on every core
     db: Path                                  # the measured phase's profile database (not a result: not in --out)
+    timer_kernels: int = 6                    # kernels per backend the facts phase times as the search does
 
 
 def gpu_setting() -> Setting:
@@ -107,7 +109,7 @@ def dry_setting(workdir: Path) -> Setting:
                    peers={phase: CPU_PEERS for phase in PHASES[1:]}, budget_s=0.05,
                    smoke_tests=["-m", "gpu", "tests/gpu", "tests/test_gpu_marker.py"], measured_time_limit_s=60,
                    smoke_workers=0,
-                   db=workdir / "profile.sqlite")
+                   db=workdir / "profile.sqlite", timer_kernels=1)
 
 
 class TinyNet(torch.nn.Module):
@@ -159,7 +161,7 @@ class Campaign:
     def facts(self) -> dict:
         from device_facts import measure  # beside this script
 
-        result = measure()
+        result = measure(self.setting.timer_kernels)
         self.write("facts", result)
         return result
 

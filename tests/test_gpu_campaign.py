@@ -34,6 +34,14 @@ def test_the_dry_run_writes_every_file_a_gpu_run_writes(dry_run):
     assert set(record["phase_results"]) == {"facts", "smoke", "small", "tf32", "large", "measured"}
 
 
+def test_the_facts_phase_splits_the_search_timers_seconds_into_its_steps(dry_run):
+    timer = json.loads((dry_run / "facts.json").read_text())["search_timer"]
+    assert timer["kernels"] >= 2 and set(timer["by_backend"]) >= {"inductor", "library"}
+    steps = timer["steps_per_kernel"]
+    assert {"input sets", "timed runs", "rest"} <= set(steps) and steps["timed runs"] > 0
+    assert abs(sum(steps.values()) - timer["seconds_per_kernel"]) < 1e-9
+
+
 def test_the_smoke_phase_ran_the_gpu_tests_which_skip_here(dry_run):
     smoke = json.loads((dry_run / "smoke.json").read_text())
     assert smoke["exit"] == 0 and "skipped" in smoke["summary"] and "-m gpu" in smoke["command"]

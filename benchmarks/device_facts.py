@@ -154,8 +154,11 @@ def measure(timer_kernels: int = 6) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     facts = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "date": time.strftime("%Y-%m-%d"),
              "torch": torch.__version__, "copy_bandwidth_Bps": copy_bandwidth(device),
-             "matmul_flops": matrix_rates(device), "one_kernel": kernel_time(device),
-             "search_timer": search_timer(device, timer_kernels)}
+             "matmul_flops": matrix_rates(device), "one_kernel": kernel_time(device)}
+    try:  # the newest fact, on code a GPU has not run yet: its failure must not lose the others
+        facts["search_timer"] = search_timer(device, timer_kernels)
+    except Exception as exc:
+        facts["search_timer"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         facts["properties"] = {"multiprocessors": props.multi_processor_count, "memory_bytes": props.total_memory,

@@ -37,10 +37,11 @@ def packed_as_ahead_of_time() -> Iterator[None]:
     Inductor packs it for MKL (``mkl._mkl_linear``) when it compiles a Python module, and for oneDNN
     (``mkldnn._linear_pointwise``) when it compiles ahead of time, since an MKL-packed weight cannot move
     (``V.aot_compilation`` decides, in ``mkldnn_fusion``). Only oneDNN's product takes an activation after it
-    as a post-op, so a kernel measured alone ran a ViT block's product and its GELU as the product and an
-    erf loop (the loop 0.69 ms of the unit's 19 profiled), while the unit ran the GELU in the product's
-    epilogue; and MKL's packed product runs at a third of oneDNN's rate on an AMD EPYC (issue 11). The freeze
-    runs as ahead of time, the rest of the compile as it was (a Python module)."""
+    as a post-op, so a product and its GELU measured alone were MKL's product and an erf loop, where the unit
+    runs one oneDNN call with the GELU in its epilogue; and on an AMD EPYC MKL's packed product runs at under
+    half oneDNN's rate on the zoo's shapes (``benchmarks/results/gemm_paths_zen5_cpu.json``): every kernel with
+    a product was priced for a library the unit never calls. The freeze runs as ahead of time, the rest of the
+    compile as it was (a Python module)."""
     from torch._inductor import freezing
     from torch._inductor.virtualized import V
 

@@ -105,7 +105,7 @@ def _timed_steps(seconds: dict[str, float]):
         measure.timing_inputs, measure.time_kernel, measure.time_measured = kept
 
 
-def search_timer(device: str, count: int = 6) -> dict:
+def search_timer(device: str, count: int = 4) -> dict:
     """Seconds the measured search's timer spends on a kernel, by step, over ``count`` of Candy's candidates (the
     first each backend of ``device``'s target claims and builds), each kernel timed as ``measure._time_built``
     times it; "rest" is what no step holds (the arena's reset, the warm path, Python)."""
@@ -150,7 +150,7 @@ def search_timer(device: str, count: int = 6) -> dict:
             "steps_per_kernel": {step: mean(step, rows) for step in steps} if rows else {}, "by_backend": by_backend}
 
 
-def measure(timer_kernels: int = 6) -> dict:
+def measure(timer_kernels: int = 4) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     facts = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "date": time.strftime("%Y-%m-%d"),
              "torch": torch.__version__, "copy_bandwidth_Bps": copy_bandwidth(device),

@@ -85,7 +85,8 @@ class Setting:
     measured_time_limit_s: float | None       # a measured search's seconds at most (None: what the deadline leaves)
     smoke_workers: int                        # pytest-xdist processes (0: none): Triton compiles on every core
     db: Path                                  # the measured phase's profile database (not a result: not in --out)
-    timer_kernels: int = 6                    # kernels per backend the facts phase times as the search does
+    timer_kernels: int = 4                    # kernels per backend the facts phase times as the search does (their
+                                              # builds: an estimated minute of a GPU call)
 
 
 def gpu_setting() -> Setting:

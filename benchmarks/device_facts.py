@@ -118,36 +118,39 @@ def search_timer(device: str, count: int = 4) -> dict:
 
     target = "h100" if device == "cuda" else "cpu"
     _, graph, _ = load_model("zoo:candy")
-    candidates = enumerate_candidates(graph)
-    arena, rows = RandomArena(device), []
-    for backend in backends_for(target):
-        built_count = 0
-        for candidate in candidates.candidates:
-            if built_count == count:
-                break
-            kernel = extract(graph, candidate.nodes, candidate.inputs, candidate.outputs)
-            if backend.claims(kernel) is not None:
+    backends = backends_for(target)
+    arena, groups = RandomArena(device), {b.name: [] for b in backends}
+    for candidate in enumerate_candidates(graph).candidates:  # each extracted once, for every backend
+        if all(len(rows) == count for rows in groups.values()):
+            break
+        kernel = extract(graph, candidate.nodes, candidate.inputs, candidate.outputs)
+        for backend in backends:
+            if len(groups[backend.name]) == count or backend.claims(kernel) is not None:
                 continue
             checked = measure._build_and_check(backend, kernel, device)
             if checked.status != "ok":
                 continue
-            built_count += 1
             steps: dict[str, float] = {}
             start = time.perf_counter()
             with _timed_steps(steps):
                 measure._time_built(checked.built, kernel, checked.variants, arena, device,
                                     measure._warm_path(backend, device))
             total = time.perf_counter() - start
-            rows.append({"backend": backend.name, "total_s": total, **steps,
-                         "rest": total - sum(steps.values())})
-    steps = sorted({k for row in rows for k in row} - {"backend", "total_s"})
-    mean = lambda key, rs: sum(r.get(key, 0.0) for r in rs) / len(rs)  # noqa: E731
-    by_backend = {name: {"kernels": len(rs), "seconds_per_kernel": mean("total_s", rs),
-                         **{step: mean(step, rs) for step in steps}}
-                  for name in dict.fromkeys(r["backend"] for r in rows)
-                  for rs in [[r for r in rows if r["backend"] == name]]}
-    return {"kernels": len(rows), "seconds_per_kernel": mean("total_s", rows) if rows else None,
-            "steps_per_kernel": {step: mean(step, rows) for step in steps} if rows else {}, "by_backend": by_backend}
+            groups[backend.name].append({"total_s": total, **steps, "rest": total - sum(steps.values())})
+    every = _per_kernel([row for rows in groups.values() for row in rows])
+    kernels, seconds = every.pop("kernels"), every.pop("seconds_per_kernel")
+    return {"kernels": kernels, "seconds_per_kernel": seconds, "steps_per_kernel": every,
+            "by_backend": {name: _per_kernel(rows) for name, rows in groups.items() if rows}}
+
+
+def _per_kernel(rows: list[dict[str, float]]) -> dict:
+    """The kernels timed, their mean seconds, and each step's mean (a step a kernel did not take counts 0)."""
+    steps = sorted({key for row in rows for key in row} - {"total_s"})
+
+    def mean(key: str) -> float | None:
+        return sum(row.get(key, 0.0) for row in rows) / len(rows) if rows else None
+
+    return {"kernels": len(rows), "seconds_per_kernel": mean("total_s"), **{step: mean(step) for step in steps}}
 
 
 def measure(timer_kernels: int = 4) -> dict:

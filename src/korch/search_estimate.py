@@ -105,12 +105,11 @@ def _work(kernels: Mapping[str, tuple[str | None, int, Sequence[str]]], signatur
         triton_class, variants, backends = kernels[s]
         if triton_class:
             compiles[triton_class] += variants
-            timed += variants
         if "inductor" in backends:
             compiles["inductor"] += 1
-            timed += 1
-        timed += "library" in backends
-        built += bool(triton_class) + ("inductor" in backends) + ("library" in backends)
+        others = ("inductor" in backends) + ("library" in backends)  # one variant each
+        built += bool(triton_class) + others
+        timed += (variants if triton_class else 0) + others
     return Work(len(signatures), dict(compiles), timed, built)
 
 

@@ -414,6 +414,35 @@ def test_a_build_worker_gives_its_heap_back_after_each_kernel_it_builds_and_chec
     assert len(released) >= 2 * len(jobs)  # after each build and each check
 
 
+def test_a_build_worker_draws_its_timing_inputs_once_however_many_calls_hand_it_kernels(monkeypatch):
+    """A GPU search hands each worker one kernel a call; its timing inputs (a cache's worth of random values:
+    0.4 s to draw for an H200's L2) must be drawn in its first call only, not again for every kernel."""
+    import torch
+
+    from korch import precision
+    from korch.backends import check
+    from tests.backends import cases
+
+    pool_draws, draw = [], check._random_values
+
+    def counted(rng, dtype, shape, positive=False):
+        if int(np.prod(shape)) >= 1 << 16:  # an arena's pool, not a check's inputs
+            pool_draws.append(shape)
+        return draw(rng, dtype, shape, positive)
+
+    monkeypatch.setattr(check, "_random_values", counted)
+    monkeypatch.setattr(measure, "_ARENA", None)  # this process as a fresh worker
+    monkeypatch.setattr(measure.heap, "keep_freed_memory", lambda: False)
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    drawn = []
+    for case in (cases.softmax(), cases.layer_norm()):
+        checked = measure._worker("cpu", [(case, "inductor")], "cpu", precision.current().name,
+                                  torch.get_num_threads(), timed=True)
+        assert checked[0].status == "ok" and checked[0].latency_s > 0
+        drawn.append(len(pool_draws))
+    assert drawn[0] >= 1 and drawn[1] == drawn[0]
+
+
 def test_cpu_measurements_are_keyed_by_the_timers_protocol_gpu_ones_by_the_backend_alone():
     from korch.backends.measure import keyed_versions
     from korch.backends.timing import CPU_PROTOCOL

@@ -10,16 +10,12 @@ The candidate's latency is its fastest correct kernel's; a candidate no
 backend builds correctly costs ``inf`` (the solver never picks it) and each
 failure is kept, with its reason, for the report.
 
-Builds and checks run in parallel worker processes (``jobs``), in chunks of
-kernels whose C++ compiles in one compiler run (``cpp_batch.py``), and fill the
-compilers' on-disk caches. The workers time their kernels themselves, one worker
-at a time (a lock: timings taken in parallel would disturb each other), so that
-no kernel is rebuilt here (the H100's BERT-layer search once spent 187 s
-rebuilding from caches to time, after 106 s of builds). On a GPU they time as they build:
-timings run on the device while the others compile on the host's cores. On
-a CPU the builds occupy the cores a timing needs, so each worker keeps what it
-built until every build of the batch is done, then the workers time in turn
-(``_time_held``; a barrier puts one such task on each worker).
+Builds and checks run in parallel worker processes (``jobs``), in chunks of kernels whose C++ compiles in one
+compiler run (``cpp_batch.py``). The workers time their kernels themselves, one at a time (a lock: timings taken
+in parallel disturb each other), on inputs each draws once (``_worker_arena``), so no kernel is rebuilt here. On a
+GPU they time as they build, on the device while the others compile on the host's cores. On a CPU the builds
+occupy the cores a timing needs, so each worker keeps what it built until every build of the batch is done, then
+the workers time in turn (``_time_held``; a barrier puts one such task on each worker).
 
 A kernel is timed through its Python call (a compiled Inductor function, a
 torch operator), a path the executable does not take: a CPU executable is one
@@ -61,10 +57,8 @@ from korch.cost.devices import get_device
 from korch.ir.graph import Graph, Tensor
 from korch.ir.subgraph import extract
 
-
 MESSAGE_CHARS = 300  # a failure's reason as kept in the database and the report
-# An ok record's message when every try of its timing found other processes on the cores (timing.py): its
-# latency may read slow, so a later search measures it again rather than trusting it
+# An ok record's message when every timing found other processes on the cores (timing.py): a later search retimes it
 DISTURBED = "timed while other processes held the cores it needs"
 BUILD_CHUNK = 16  # kernels a CPU build worker builds together (their C++ in one compiler run, cpp_batch.py)
 
@@ -154,18 +148,25 @@ def _hold_device_lock(lock, barrier=None) -> None:
 def _time_held(batch: int, device: str) -> dict[int, "_Checked"]:
     """In a build worker, once every build of ``batch`` is done (a CPU): time the kernels this worker holds, one
     worker at a time; every worker runs one such task (the barrier), so every held kernel is timed."""
-    global _ARENA
     _BARRIER.wait(timeout=DEVICE_LOCK_WAIT_S)
-    _ARENA = _ARENA or RandomArena(device)  # its random pools are drawn once per worker
     timed = {}
     for (held_batch, index), (checked, kernel, backend) in list(_HELD.items()):
         if held_batch == batch:
-            _time_checked(checked, kernel, backend, _ARENA, device, _DEVICE_LOCK)
+            _time_checked(checked, kernel, backend, _worker_arena(device), device, _DEVICE_LOCK)
             checked.built, timed[index] = None, checked
     _HELD.clear()
     gc.collect()  # the kernels just dropped, and whatever cycles hold their buffers
     heap.release_freed_memory()
     return timed
+
+
+def _worker_arena(device: str) -> RandomArena:
+    """The worker's timing inputs, drawn once: a GPU worker is handed one kernel a call, and a fresh arena a call
+    drew rotation sets past the L2 each time (0.4 s on a core: most of an H200 search's 0.39 s a kernel)."""
+    global _ARENA
+    if _ARENA is None or _ARENA.device != device:
+        _ARENA = RandomArena(device)
+    return _ARENA
 
 
 @contextlib.contextmanager
@@ -198,9 +199,8 @@ def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy:
         checked = [failed or heap.given_back(_check_built(built, kernel, device))
                    for (built, failed), (kernel, _) in zip(builds, jobs)]
         if timed:
-            arena = RandomArena(device)
             for result, (kernel, name) in zip(checked, jobs):
-                _time_checked(result, kernel, backends[name], arena, device, _DEVICE_LOCK)
+                _time_checked(result, kernel, backends[name], _worker_arena(device), device, _DEVICE_LOCK)
     if held is not None:
         batch, indices = held
         _HELD.update({(batch, i): (dataclasses.replace(r), k, backends[name])

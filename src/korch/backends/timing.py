@@ -143,21 +143,31 @@ def time_kernel(call: Callable[[int], object], *, device: str | torch.device, wa
 def _warm_up(call, rotation: _Rotation, calls: int, seconds: float, sync: Callable[[], None],
              prepare: Callable[[int], object] | None = None) -> tuple[float, float]:
     """Run at least ``calls`` calls and ``seconds`` seconds; returns the mean seconds per call, and per call
-    on the host alone (before the closing ``sync``: on a GPU, the time to queue one call)."""
-    sync()
-    start = time.perf_counter()
-    done = 0
-    while done < calls or time.perf_counter() - start < seconds:
+    on the host alone (before the closing ``sync``: on a GPU, the time to queue one call). The mean leaves the
+    first call out when others follow: its one-off costs (a module's lazy load, a library's handle) made an
+    H200's 3 us kernel read 20 ms or more, too long to be timed inside a CUDA graph (2026-11-30)."""
+    def one_call() -> None:
         index = rotation.next()
         if prepare is not None:
             prepare(index)
         call(index)
+
+    if calls < 1 and seconds <= 0:
+        return 0.0, 0.0
+    sync()
+    start = time.perf_counter()
+    one_call()
+    sync()
+    after_first = time.perf_counter()
+    done = 1
+    while done < calls or time.perf_counter() - start < seconds:
+        one_call()
         done += 1
     queued = time.perf_counter()
     sync()
-    if not done:
-        return 0.0, 0.0
-    return (time.perf_counter() - start) / done, (queued - start) / done
+    if done == 1:
+        return after_first - start, after_first - start
+    return (time.perf_counter() - after_first) / (done - 1), (queued - after_first) / (done - 1)
 
 
 def queued_runs(runs: int, host_s: float, min_repeats: int) -> tuple[int, float]:

@@ -4,7 +4,7 @@ before it runs; for a GPU target, before a GPU is lent.
 The model's candidates are enumerated as ``korch optimize`` enumerates them, and each distinct candidate
 kernel (signature) is asked of every backend of the target. A Triton kernel is compiled once per launch
 variant, an Inductor kernel once, a library kernel not at all; every kernel each backend built is then timed on
-the device, one at a time, at the seconds a kernel's timing took in an H100's measured search
+the device, one at a time, at the seconds a kernel's timing took on an H200 as a search's workers time it
 (``TIMING_S_PER_KERNEL``: its launch variants tuned, its inputs laid out, its runs captured and replayed,
 not only the timer's budget of ``timing.BUDGET_S`` plus warm-up a variant first assumed). Compile seconds per
 Triton kernel class are measured here on a sample, compiled for the target's architecture in spawned processes
@@ -30,10 +30,11 @@ from collections.abc import Mapping, Sequence
 ARCHITECTURES = {"h100": 90, "h200": 90, "a100": 80, "v100": 70}
 # Triton kernels compiled per class to time its compiles
 SAMPLE_PER_CLASS = 3
-# Seconds the measured search of an H100 spent timing one kernel (a candidate as one backend built it): 571
-# kernels of the ViT block, YOLOX-Nano and Candy in 223.3 s (0.30-0.66 s by model; fourth GPU session,
-# 2026-11-27, benchmarks/results/gpu_2026-11-27/measured.json); every GPU target's until one is measured
-TIMING_S_PER_KERNEL = 223.3 / 571
+# Seconds to time one kernel (a candidate as one backend built it) on an H200, as the search's build workers
+# time since each draws its random inputs once (measure._worker_arena): the campaign's search_timer, twelve of
+# Candy's kernels on one arena, its draws included (benchmarks/results/gpu_2026-11-30/facts.json). The searches
+# of that session, a fresh arena per kernel, spent 0.39-0.62 s a kernel (0.39 in the fourth session's, an H100)
+TIMING_S_PER_KERNEL = 0.1134
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +73,7 @@ class SearchEstimate:
                  f"{self.every.signatures} distinct kernels; compile seconds measured here for sm_"
                  f"{ARCHITECTURES[self.target]}: "
                  + ", ".join(f"{cls} {s:.2f}" for cls, s in sorted(self.compile_s.items()))
-                 + f"; {self.timing_s:.2f} s to time a kernel (an H100's); {self.jobs} cores compiling"]
+                 + f"; {self.timing_s:.2f} s to time a kernel (an H200's); {self.jobs} cores compiling"]
         for label, work in (("every kernel measured", self.every),
                             ("the roofline plan's kernels only", self.plan_only)):
             compiles = sum(work.compiles.values())

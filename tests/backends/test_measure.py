@@ -171,6 +171,27 @@ def test_the_calling_cost_is_the_fastest_empty_call_not_a_noisy_median(monkeypat
     assert warmed == [calling.empty_call(backend, "cpu")] * 3 and warmed[0] is not None
 
 
+def test_on_a_gpu_the_calling_cost_is_less_what_an_empty_kernel_costs_chained_in_a_graph(monkeypatch):
+    """A GPU kernel is timed between two events in a graph; the executable's graph runs it with nothing between,
+    where each kernel costs the graph's time per node besides (an H200: 1.09 us for an empty kernel against
+    0.3 us timed between events). What comes off every latency is the difference: negative, it adds."""
+    from korch.backends.timing import Timing
+
+    chained = []
+    monkeypatch.setattr(calling, "empty_call", lambda backend, device: lambda: None)
+    monkeypatch.setattr(calling, "time_measured", lambda call, sets, device, warm_path: Timing(4e-7, 3e-7, 50))
+    monkeypatch.setattr(calling, "chained_in_graph_s", lambda call, device: chained.append(device) or 1.1e-6)
+    backend = registry.LibraryBackend()
+    assert calling.calling_cost_s(backend, "cuda:0") == pytest.approx(3e-7 - 1.1e-6)
+    assert calling.calling_cost_s(backend, "cpu") == 3e-7 and chained == ["cuda:0"]  # a CPU has no graph
+
+    def uncapturable(call, device):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(calling, "chained_in_graph_s", uncapturable)
+    assert calling.calling_cost_s(backend, "cuda:0") == 3e-7  # the stamps' cost alone, as before
+
+
 def test_a_cpu_kernels_calling_path_is_warmed_by_its_backends_empty_kernel(monkeypatch):
     """The cold start sweeps the timer's own calling path out of the cache too; the backend's empty kernel
     brings it back before each timed call, and the calling cost subtracted is timed the same way."""

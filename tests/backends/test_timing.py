@@ -457,3 +457,24 @@ def test_a_measured_cpu_kernel_is_timed_from_a_cold_start_and_a_gpu_one_is_not(m
     assert seen["rotate"] == 2 and seen["graphed"]
     timing.time_measured(lambda i: None, sets, "cuda")
     assert seen["prepare"] is None
+
+
+def test_a_kernels_cost_chained_in_a_graph_is_read_with_nothing_between_its_calls(fake_cuda, clock, monkeypatch):
+    """What a kernel costs in an executable's graph, where nothing stands between kernels: its calls captured
+    back to back, no event among them, each replay timed whole; the fastest replay over the calls."""
+    call = kernel(clock, lambda k, i: MS / 4)
+    traced = lambda: (fake_cuda.append(("call", None)), call(0))  # noqa: E731
+    replays = iter([3 * MS, 2 * MS, 5 * MS])  # a replay's time for its 8 calls: 2 ms the fastest
+
+    def replay(graph):
+        fake_cuda.append(("replay", None))
+        clock.advance(next(replays, 4 * MS))
+
+    monkeypatch.setattr(FakeGraph, "replay", replay)
+    per_call = timing.chained_in_graph_s(traced, "cuda", nodes=8, replays=3)
+    assert per_call == 2 * MS / 8
+    kinds = [entry[0] for entry in fake_cuda]
+    captured = kinds[kinds.index("capture") + 1:kinds.index("captured")]
+    assert captured == ["call"] * 8  # no event between the calls
+    after = kinds[kinds.index("captured") + 1:]
+    assert after == ["replay"] + ["record", "replay", "record", "sync"] * 3  # an untimed upload, then 3 timed

@@ -1,5 +1,6 @@
 """What calling a kernel costs the timer beyond the kernel's work (``measure.py``'s module docstring says why it
-is subtracted): each backend's build of a kernel that does nothing, timed as kernels are (``timing.time_measured``).
+is subtracted): each backend's build of a kernel that does nothing, timed as kernels are (``timing.time_measured``);
+on a GPU less what that kernel costs chained in a replayed graph (a negative cost: the graph's time per node).
 The same empty kernel, called just before a timed call, brings the calling path back into the cache after the
 timer's cold start (``empty_call``; ``timing.ColdStart`` says why)."""
 
@@ -7,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from korch.backends.base import Backend
 from korch.backends.check import random_inputs
-from korch.backends.timing import time_measured
+from korch.backends.timing import chained_in_graph_s, time_measured
 from korch.ir.graph import Graph, Node, Tensor
 from korch.ir.ops import Op
 
@@ -51,11 +54,34 @@ def calling_cost_s(backend: Backend, device: str, timings: int = TIMINGS) -> flo
     """The fastest time of ``backend``'s build of ``empty_kernel``, timed as kernels are, over ``timings``
     timings (0 if it cannot build one: nothing is subtracted). The fastest, not the median: what is subtracted
     from every kernel must not carry the noise of one timing (Candy's searches measured Inductor's median at
-    5.2 and 8.1 us, and the 8.1 put 63 small kernels below their floors)."""
+    5.2 and 8.1 us, and the 8.1 put 63 small kernels below their floors).
+
+    On a GPU, less what the empty kernel costs chained in a graph (``timing.chained_in_graph_s``): a kernel is
+    timed between two events inside a graph, but in the executable's graph, with nothing between, each kernel
+    costs the graph's time per node besides (an empty one 1.09 us on an H200, against 0.24-0.45 us for the
+    smallest kernels between events), and the plans' predictions fell short by 1.0 us a kernel (YOLOX-Nano,
+    2026-11-30). The cost is then negative: what comes off every latency puts the node's time on."""
     call = empty_call(backend, device)
     if call is None:  # its kernels keep their measured latency
         return 0.0
     try:
-        return min(time_measured(lambda i: call(), [[]], device, warm_path=call).min_s for _ in range(timings))
+        stamped = min(time_measured(lambda i: call(), [[]], device, warm_path=call).min_s for _ in range(timings))
+    except Exception:
+        return 0.0
+    if torch.device(device).type != "cuda":
+        return stamped
+    try:
+        return stamped - chained_in_graph_s(call, device)
+    except Exception:  # an empty kernel that cannot be captured: the stamps' cost alone comes off
+        return stamped
+    try:
+        stamped = min(time_measured(lambda i: call(), [[]], device, warm_path=call).min_s for _ in range(timings))
+        if torch.device(device).type != "cuda":
+            return stamped
+        # a GPU kernel is timed between two events inside a graph; chained in the executable's graph with
+        # nothing between, each kernel costs the graph's time per node besides: 1.09 us for an empty one on
+        # an H200 against 0.24-0.45 us timed between events, and predictions fell short by 1.0 us a kernel
+        # (YOLOX-Nano, 2026-11-30). What comes off every latency is then negative: the node's time goes on.
+        return stamped - chained_in_graph_s(call, device)
     except Exception:
         return 0.0

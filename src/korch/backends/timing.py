@@ -76,6 +76,8 @@ GPU_CYCLES_PER_S = 2e9
 # where the host's launches could show; at most this many runs, each run's outputs held by the graph's pool
 GRAPHED_UNDER_S = 200e-6
 MAX_GRAPHED_RUNS = 50
+# Calls of one kernel chained in a graph to read what a kernel costs there, stamps left out (``chained_in_graph_s``)
+CHAINED_NODES = 100
 # Seconds to wait before timing again when other processes took the cores (a test, a compile finishing)
 QUIET_PAUSE_S = 0.25
 
@@ -258,6 +260,29 @@ def _replayed(call, rotation: _Rotation, runs: int, sync) -> list[float] | None:
     except Exception:  # a kernel that cannot be captured (a host synchronisation inside, say)
         sync()
         return None
+
+
+def chained_in_graph_s(call: Callable[[], object], device: str | torch.device, nodes: int = CHAINED_NODES,
+                       replays: int = 5) -> float:
+    """Seconds per call of ``call`` captured ``nodes`` times back to back in one CUDA graph with nothing between,
+    as an executable's graph runs its kernels; the fastest of ``replays`` replays, each between two events."""
+    with torch.cuda.device(device):
+        call()  # its module loaded, its workspace allocated, outside the capture
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            for _ in range(nodes):
+                call()
+        graph.replay()  # the first replay uploads the graph
+        totals = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize(device)
+            totals.append(start.elapsed_time(end) * 1e-3)  # elapsed_time is in ms
+        return min(totals) / nodes
 
 
 def stamped_graph(body: Callable[[Callable[[], None]], object]):

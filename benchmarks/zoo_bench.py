@@ -59,17 +59,19 @@ def run_model(model: str, target: str, cost: str, db: str | None, peers: list[st
 
 def kernels_in_place(executable, plan, worst: int = 30) -> dict:
     """Each kernel's time as the executable runs it (``runtime/kernel_times.py``) beside the plan's cost for it:
-    the totals, the sums per backend, and the ``worst`` kernels by how far the two differ. A compiled unit, or
-    a failure (this runs on GPUs where nothing else tried it), is recorded as ``error``."""
+    the totals (and the sum less the timing events' own time), the sums per backend, and the ``worst`` kernels by
+    how far the two differ. A compiled unit, or a failure (this runs on GPUs where nothing else tried it), is
+    recorded as ``error``."""
     import torch
 
     from korch.errors import one_line
-    from korch.runtime.kernel_times import kernel_times
+    from korch.runtime.kernel_times import kernel_times, stamp_cost_s
     from korch.runtime.selfcheck import seeded_inputs
 
     try:
         feeds = seeded_inputs(executable.input_specs)
         times = kernel_times(executable, [torch.from_numpy(feeds[n]) for n in executable.input_names])
+        stamp_s = stamp_cost_s(executable.device)
     except Exception as exc:
         return {"error": one_line(exc)}
     rows = [{"name": k.name, "ops": k.ops[:80], "backend": k.backend, "launches": k.launches, "measured": k.measured,
@@ -80,7 +82,9 @@ def kernels_in_place(executable, plan, worst: int = 30) -> dict:
         sums["kernels"] += 1
         sums["predicted_s"] += r["predicted_s"]
         sums["run_s"] += r["run_s"]
-    return {"predicted_s": sum(r["predicted_s"] for r in rows), "run_s": sum(times), "by_backend": by_backend,
+    # each kernel's run_s holds one event's time (stamp_s): the sum less those is what the kernels ran
+    return {"predicted_s": sum(r["predicted_s"] for r in rows), "run_s": sum(times), "stamp_s": stamp_s,
+            "run_less_stamps_s": max(sum(times) - stamp_s * len(times), 0.0), "by_backend": by_backend,
             "worst": sorted(rows, key=lambda r: -abs(r["run_s"] - r["predicted_s"]))[:worst]}
 
 

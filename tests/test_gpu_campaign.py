@@ -58,6 +58,7 @@ def test_each_model_phase_optimized_checked_and_benched(dry_run, phase):
         in_place = row["kernels_in_place"]  # each kernel as the executable runs it, beside the plan's cost
         assert in_place["run_s"] > 0 and len(in_place["worst"]) == min(row["kernels"], 30), in_place
         assert sum(b["kernels"] for b in in_place["by_backend"].values()) == row["kernels"]
+        assert in_place["stamp_s"] == 0.0 and in_place["run_less_stamps_s"] == in_place["run_s"]  # a CPU's clock
         assert isinstance(row["plan"]["optimal"], bool)
     if phase == "measured":
         assert rows[0]["measurement"]["candidates"] > 0 and isinstance(rows[0]["below_floor"], list)

@@ -109,7 +109,7 @@ def test_each_kernel_is_timed_inside_a_replayed_graph_and_together_they_make_the
     import torch
 
     from korch.pipeline import optimize
-    from korch.runtime.kernel_times import kernel_times
+    from korch.runtime.kernel_times import kernel_times, stamp_cost_s
     from korch.runtime.selfcheck import seeded_inputs
 
     with config.patch(compiled_unit=False):
@@ -127,6 +127,8 @@ def test_each_kernel_is_timed_inside_a_replayed_graph_and_together_they_make_the
         torch.cuda.synchronize()
         replays.append(start.elapsed_time(end) * 1e-3)
     assert 0.5 < sum(times) / statistics.median(replays) < 1.5
+    stamp_s = stamp_cost_s("cuda")  # each kernel's time holds one event's: 2-4 us on an H200 (2026-11-30)
+    assert 0 < stamp_s < 10e-6 and 0.5 < (sum(times) - stamp_s * len(times)) / statistics.median(replays) < 1.5
 
 
 def test_a_short_kernel_is_timed_inside_a_replayed_cuda_graph():

@@ -13,7 +13,10 @@ ran 0.84), these times say which kernels the timer got wrong.
 * CPU: the launch sequence runs with ``time.perf_counter`` read before each
   kernel and after the last.
 
-Either way the median over ``runs`` runs of the sequence. A compiled unit
+Either way the median over ``runs`` runs of the sequence. On a GPU the events
+are nodes of the graph and take time of their own: ``stamp_cost_s`` is what
+one costs between two others with nothing between (on the H200, each kernel's
+time ran 2-4 us above what it added to the unstamped graph, 2026-11-30). A compiled unit
 (one AOTInductor library for the whole plan) has no kernels to time apart
 (``Executable.launch_sequence`` says so).
 """
@@ -82,3 +85,27 @@ def _on_gpu(executable, inputs, runs: int) -> list[list[float]]:
             torch.cuda.synchronize()
             per_run.append(intervals())
     return per_run
+
+
+STAMPS = 32
+
+
+def stamp_cost_s(device: torch.device | str, runs: int = RUNS) -> float:
+    """Seconds one timing event of ``kernel_times`` adds inside a replayed CUDA graph: the median interval
+    between ``STAMPS`` events captured back to back; 0 on a CPU (a clock read between Python calls)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0.0
+
+    def stamps_alone(stamp):
+        for _ in range(STAMPS):
+            stamp()
+
+    with torch.cuda.device(device):
+        graph, intervals = stamped_graph(stamps_alone)
+        seen = []
+        for _ in range(runs):
+            graph.replay()
+            torch.cuda.synchronize()
+            seen += intervals()
+    return statistics.median(seen)

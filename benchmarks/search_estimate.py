@@ -35,11 +35,12 @@ def main(argv=None) -> int:
         e = estimate(f"zoo:{model}", target=args.target, jobs=args.jobs)
         print(e.describe(), flush=True)
         rows.append({"model": model, "candidates": e.candidates, "compile_s_by_class": e.compile_s,
-                     "timing_s_per_kernel": e.timing_s,
+                     "timing_s_by_backend": e.timing_s,
                      **{f"{label}_{key}": value for label, work in (("every", e.every), ("plan", e.plan_only))
                         for key, value in (("signatures", work.signatures), ("compiles", dict(work.compiles)),
                                            ("timed_variants", work.timed_variants),
-                                           ("kernels", work.kernels),
+                                           ("kernels", work.built), ("kernels_by_backend", dict(work.kernels)),
+                                           ("timing_s", round(e.timing_seconds(work), 1)),
                                            ("minutes", round(e.minutes(work), 2)))}})
     bench.write_record(bench.record(f"measured search estimate ({args.target}, {args.jobs} cores)",
                                     "benchmarks/search_estimate.py", argv, rows=rows), args.out)

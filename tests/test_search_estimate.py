@@ -6,6 +6,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from korch import search_estimate
 from korch.backends.registry import BackendPredicate, backends_for
 from korch.errors import KorchError
 from korch.orchestrate.candidates import enumerate_candidates
@@ -40,8 +41,11 @@ def test_the_estimate_counts_every_distinct_kernel_and_the_plans(tmp_path):
     assert e.every.compiles["inductor"] == e.every.signatures
     assert e.every.timed_variants >= sum(e.every.compiles.values())
     # what the search times is each signature as each backend built it: Inductor's, and Triton's or the library's
-    assert e.every.signatures < e.every.kernels <= e.every.timed_variants
-    assert e.minutes(e.every) >= e.every.kernels * e.timing_s / 60
+    assert e.every.signatures < e.every.built <= e.every.timed_variants
+    assert e.every.kernels["inductor"] == e.every.signatures and set(e.every.kernels) <= set(e.timing_s)
+    # each kernel timed at its backend's seconds, one worker at a time, each worker's inputs drawn once
+    timing_s = sum(n * e.timing_s[b] for b, n in e.every.kernels.items()) + e.jobs * search_estimate.ARENA_S
+    assert e.timing_seconds(e.every) == pytest.approx(timing_s) and e.minutes(e.every) >= timing_s / 60
     assert e.compile_s and all(s > 0 for s in e.compile_s.values())
     assert 0 < e.minutes(e.plan_only) < e.minutes(e.every)
     fewer_cores = estimate(path, target="h100", jobs=1, sample=1)

@@ -5,7 +5,7 @@ The model's candidates are enumerated as ``korch optimize`` enumerates them, and
 kernel (signature) is asked of every backend of the target. A Triton kernel is compiled once per launch
 variant, an Inductor kernel once, a library kernel not at all; every kernel each backend built is then timed on
 the device, one at a time, at the seconds a kernel's timing took on an H200 as a search's workers time it
-(``TIMING_S_PER_KERNEL``: its launch variants tuned, its inputs laid out, its runs captured and replayed,
+(``TIMING_S_BY_BACKEND``: its launch variants tuned, its inputs laid out, its runs captured and replayed,
 not only the timer's budget of ``timing.BUDGET_S`` plus warm-up a variant first assumed). Compile seconds per
 Triton kernel class are measured here on a sample, compiled for the target's architecture in spawned processes
 (``backends/triton/ahead.py``); an Inductor kernel is charged the mean of those (Inductor cannot generate GPU
@@ -30,11 +30,14 @@ from collections.abc import Mapping, Sequence
 ARCHITECTURES = {"h100": 90, "h200": 90, "a100": 80, "v100": 70}
 # Triton kernels compiled per class to time its compiles
 SAMPLE_PER_CLASS = 3
-# Seconds to time one kernel (a candidate as one backend built it) on an H200, as the search's build workers
-# time since each draws its random inputs once (measure._worker_arena): the campaign's search_timer, twelve of
-# Candy's kernels on one arena, its draws included (benchmarks/results/gpu_2026-11-30/facts.json). The searches
-# of that session, a fresh arena per kernel, spent 0.39-0.62 s a kernel (0.39 in the fourth session's, an H100)
-TIMING_S_PER_KERNEL = 0.1134
+# Seconds to time one kernel (a candidate as one backend built it) on an H200, by backend, as the search's build
+# workers time since each draws its random inputs once (measure._worker_arena): the campaign's search_timer, four
+# of Candy's kernels per backend, less drawing the inputs (benchmarks/results/gpu_2026-11-30/facts.json); a
+# Triton kernel's tunes its two launch variants. The searches of that session, drawing a fresh arena for every
+# kernel, spent 0.39-0.62 s a kernel (0.39 in the fourth session's, an H100)
+TIMING_S_BY_BACKEND = {"triton": 0.1040, "inductor": 0.0251, "library": 0.0169}
+# Drawing a worker's inputs, once in each (the same file: 0.78 s for the twelve kernels' arena), under the lock
+ARENA_S = 0.78
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +47,11 @@ class Work:
     signatures: int
     compiles: Mapping[str, int]     # by kernel class ("inductor" for Inductor's kernels)
     timed_variants: int
-    kernels: int                    # signatures as each backend builds them: what the search times
+    kernels: Mapping[str, int]      # by backend, the signatures it builds: what the search times
+
+    @property
+    def built(self) -> int:
+        return sum(self.kernels.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,13 +63,16 @@ class SearchEstimate:
     every: Work                         # every signature measured
     plan_only: Work                     # the roofline plan's kernels alone
     compile_s: Mapping[str, float]      # mean seconds of one compile, by kernel class
-    timing_s: float                     # seconds to time one kernel on the device (``TIMING_S_PER_KERNEL``)
+    timing_s: Mapping[str, float]       # seconds to time one kernel on the device, by backend
+
+    def timing_seconds(self, work: Work) -> float:
+        return sum(n * self.timing_s[b] for b, n in work.kernels.items()) + self.jobs * ARENA_S
 
     def minutes(self, work: Work) -> float:
         compiling = sum(n * self.compile_s.get(cls, self.mean_compile_s) for cls, n in work.compiles.items())
         # the build workers compile in parallel; each times its kernels on the device while the others
         # compile, one worker at a time (backends/measure.py): the longer of the two is the search
-        return max(compiling / self.jobs, work.kernels * self.timing_s) / 60
+        return max(compiling / self.jobs, self.timing_seconds(work)) / 60
 
     @property
     def mean_compile_s(self) -> float:
@@ -73,13 +83,14 @@ class SearchEstimate:
                  f"{self.every.signatures} distinct kernels; compile seconds measured here for sm_"
                  f"{ARCHITECTURES[self.target]}: "
                  + ", ".join(f"{cls} {s:.2f}" for cls, s in sorted(self.compile_s.items()))
-                 + f"; {self.timing_s:.2f} s to time a kernel (an H200's); {self.jobs} cores compiling"]
+                 + "; seconds to time a kernel (an H200's): "
+                 + ", ".join(f"{b} {t:.3f}" for b, t in self.timing_s.items()) + f"; {self.jobs} cores compiling"]
         for label, work in (("every kernel measured", self.every),
                             ("the roofline plan's kernels only", self.plan_only)):
             compiles = sum(work.compiles.values())
             lines.append(f"  {label}: {work.signatures} kernels, {compiles} compiles "
                          f"({', '.join(f'{c} {n}' for c, n in sorted(work.compiles.items()))}), "
-                         f"{work.kernels} kernels timed ({work.timed_variants} variants): "
+                         f"{work.built} kernels timed ({work.timed_variants} variants): "
                          f"about {self.minutes(work):.1f} min")
         return "\n".join(lines)
 
@@ -101,17 +112,19 @@ def _environment(**values: str):
 
 def _work(kernels: Mapping[str, tuple[str | None, int, Sequence[str]]], signatures) -> Work:
     compiles: Counter = Counter()
-    timed = built = 0
+    built: Counter = Counter()
+    timed = 0
     for s in signatures:
         triton_class, variants, backends = kernels[s]
         if triton_class:
             compiles[triton_class] += variants
+            built["triton"] += 1
         if "inductor" in backends:
             compiles["inductor"] += 1
-        others = ("inductor" in backends) + ("library" in backends)  # one variant each
-        built += bool(triton_class) + others
-        timed += (variants if triton_class else 0) + others
-    return Work(len(signatures), dict(compiles), timed, built)
+        others = [b for b in ("inductor", "library") if b in backends]  # one variant each
+        built.update(others)
+        timed += (variants if triton_class else 0) + len(others)
+    return Work(len(signatures), dict(compiles), timed, dict(built))
 
 
 def estimate(model, *, target: str, jobs: int = 16, input_shapes=None, max_kernel_nodes: int | None = None,
@@ -158,5 +171,5 @@ def estimate(model, *, target: str, jobs: int = 16, input_shapes=None, max_kerne
     compile_s = {cls: sum(v) / len(v) for cls, v in seconds.items()}
     planned = {k.signature for k in plan.kernels} & kernels.keys()
     return SearchEstimate(graph.name, target, jobs, len(candidates), _work(kernels, list(kernels)),
-                          _work(kernels, sorted(planned)), compile_s, TIMING_S_PER_KERNEL)
+                          _work(kernels, sorted(planned)), compile_s, TIMING_S_BY_BACKEND)
 

@@ -48,9 +48,28 @@ def test_tune_times_checked_variants_only_each_after_its_first_call():
             return launch[grid]
 
     built.fn = Recording()
-    built.tune(time_call, [x for x in _inputs(graph)], checked=(0,))
+    assert built.tune(time_call, [list(_inputs(graph))], checked=(0,)) == 1.0
     assert built.variant is built.generated.variants[0]
     assert events == [("launched", built.generated.variants[0]), ("timed", built.generated.variants[0])]
+
+
+def test_tune_times_each_variant_over_the_input_sets_and_returns_the_fastest_ones_timing():
+    """The measured search's timing of a Triton kernel is its fastest variant's, each variant timed as any
+    kernel is (over rotated input sets), so the winner is not timed a second time."""
+    import types
+
+    graph, built = _relu_kernel_with_a_wrong_variant()
+    sets = [list(_inputs(graph)), [-x for x in _inputs(graph)]]
+    read = []
+
+    def time_call(call):
+        outputs = [call(i)[0].clone() for i in range(len(sets))]  # each input set in turn, as the timer does
+        read.append([float(o.sum()) for o in outputs])
+        return types.SimpleNamespace(median_s=0.5 if built.variant is built.generated.variants[1] else 2.0)
+
+    timing = built.tune(time_call, sets, checked=(0, 1), seconds=lambda t: t.median_s)
+    assert timing.median_s == 0.5 and built.variant is built.generated.variants[1]
+    assert len(read) == 2 and read[0][0] != read[0][1]  # the two sets were both run
 
 
 def _inputs(graph):

@@ -52,7 +52,7 @@ from korch.errors import one_line
 from korch.backends.check import RandomArena, check, checked_variants
 from korch.backends.db import ProfileDB, Record
 from korch.backends.registry import backends_for, device_for
-from korch.backends.timing import CPU_PROTOCOL, Timing, time_kernel, time_measured, timing_inputs
+from korch.backends.timing import CPU_PROTOCOL, Timing, time_measured, timing_inputs
 from korch.cost.devices import get_device
 from korch.ir.graph import Graph, Tensor
 from korch.ir.subgraph import extract
@@ -245,12 +245,11 @@ def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomAren
     arena.reset()
     sets = timing_inputs(lambda: arena.inputs(kernel),
                          sum(kernel.tensors[n].nbytes for n in (*kernel.inputs, *kernel.outputs)), device)
-    variant = None
-    if _tunes(built, device):  # Triton: keep the fastest launch variant
-        built.tune(lambda call: time_kernel(lambda i: call(), device=device, graphed=True).median_s, sets[0],
-                   variants)
-        variant = {"variant": built.variant.describe()}
-    return time_measured(lambda i: built(*sets[i]), sets, device, warm_path), variant, built.launches
+    if _tunes(built, device):  # Triton: the fastest launch variant, timed as any kernel, its timing the kernel's
+        timing = built.tune(lambda call: time_measured(call, sets, device, warm_path), sets, variants,
+                            seconds=lambda t: t.median_s)
+        return timing, {"variant": built.variant.describe()}, built.launches
+    return time_measured(lambda i: built(*sets[i]), sets, device, warm_path), None, built.launches
 
 
 def keyed_versions(backends: Sequence[Backend], device: str) -> dict[str, str]:

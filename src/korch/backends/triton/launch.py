@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -27,6 +28,8 @@ from korch.backends.triton.loader import load_module
 from korch.ir import dtypes
 from korch.ir.graph import CONTIGUOUS, Graph
 from korch.ir.interpret import as_torch
+
+T = TypeVar("T")
 
 
 def interpreting() -> bool:
@@ -74,26 +77,27 @@ class TritonKernel:
         self.fn[v.grid](*args, **dict(v.constexprs), num_warps=v.num_warps, num_stages=v.num_stages)
         return write_outputs(results, None)
 
-    def tune(self, time_call: Callable[[Callable[[], object]], float], inputs: Sequence[torch.Tensor],
-             checked: Sequence[int]) -> float:
+    def tune(self, time_call: Callable[[Callable[[int], object]], T], input_sets: Sequence[Sequence[torch.Tensor]],
+             checked: Sequence[int], seconds: Callable[[T], float] = float) -> T:
         """Time the variants whose indices are ``checked`` (those whose outputs were checked: an unchecked one is
-        never chosen) with ``time_call`` (seconds of one call); keep the fastest; return its time. Each variant
+        never chosen) with ``time_call`` (given a call of input set ``i``, its timing); keep the fastest by
+        ``seconds``; return its timing, the kernel's (the measured search times it no further). Each variant
         runs once first, so that its compilation is not timed."""
-        best, best_time = self.variant, float("inf")
+        best, best_timing, best_s = self.variant, None, float("inf")
         buffers = self._allocate()
         for index in checked:
             self.variant = self.generated.variants[index]
             try:
-                self(*inputs, out=buffers)  # compiles this variant (Triton compiles at its first launch)
-                seconds = time_call(lambda: self(*inputs, out=buffers))
+                self(*input_sets[0], out=buffers)  # compiles this variant (Triton compiles at its first launch)
+                timing = time_call(lambda i: self(*input_sets[i], out=buffers))
             except Exception:  # a variant that does not fit (shared memory, registers) is skipped
                 continue
-            if seconds < best_time:
-                best, best_time = self.variant, seconds
+            if seconds(timing) < best_s:
+                best, best_timing, best_s = self.variant, timing, seconds(timing)
         self.variant = best
-        if best_time == float("inf"):
+        if best_timing is None:
             raise BuildError("no checked launch variant of the Triton kernel ran")
-        return best_time
+        return best_timing
 
 
 def compile_for_target(generated: GeneratedKernel, arch: int = 90, variant: Variant | None = None):

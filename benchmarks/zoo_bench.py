@@ -46,7 +46,7 @@ def run_model(model: str, target: str, cost: str, db: str | None, peers: list[st
         load_s = time.perf_counter() - start
         result = bench.bench(executable, model=model if torch_model is None else torch_model,
                              reference_model=compiled.reference, peers=peers, target=target, budget_s=budget)
-        in_place = kernels_in_place(executable, compiled.plan)
+        in_place = kernels_in_place(executable, compiled.plan, compiled.graph)
     plan = compiled.plan
     gap = {"optimal": all(s.optimal for s in plan.segments), "gap": max((s.gap for s in plan.segments), default=0.0)}
     return {**result.to_json(), "optimize_s": optimize_s, "load_s": load_s, "kernels": len(plan.kernels),
@@ -57,11 +57,12 @@ def run_model(model: str, target: str, cost: str, db: str | None, peers: list[st
             "measurement": {k: v for k, v in plan.stats.get("measurement", {}).items() if k != "failures"}}
 
 
-def kernels_in_place(executable, plan, worst: int = 30) -> dict:
+def kernels_in_place(executable, plan, graph=None, worst: int = 30) -> dict:
     """Each kernel's time as the executable runs it (``runtime/kernel_times.py``) beside the plan's cost for it:
-    the totals (and the sum less the timing events' own time), the sums per backend, and the ``worst`` kernels by
-    how far the two differ. A compiled unit, or a failure (this runs on GPUs where nothing else tried it), is
-    recorded as ``error``."""
+    the totals (and the sum less the timing events' own time), the sums per backend, the ``worst`` kernels by
+    how far the two differ, and, given the primitive ``graph``, the bytes each kernel reads and writes and the
+    rate at which the memory-bound ones move them (``memory_bound``). A compiled unit, or a failure (this runs
+    on GPUs where nothing else tried it), is recorded as ``error``."""
     import torch
 
     from korch.errors import one_line
@@ -75,7 +76,9 @@ def kernels_in_place(executable, plan, worst: int = 30) -> dict:
     except Exception as exc:
         return {"error": one_line(exc)}
     rows = [{"name": k.name, "ops": k.ops[:80], "backend": k.backend, "launches": k.launches, "measured": k.measured,
-             "predicted_s": k.cost_s, "bound_s": k.bound_s, "run_s": run} for k, run in zip(plan.kernels, times)]
+             "predicted_s": k.cost_s, "bound_s": k.bound_s, "run_s": run,
+             "bytes": sum(graph.tensors[t].nbytes for t in (*k.inputs, *k.outputs)) if graph is not None else None}
+            for k, run in zip(plan.kernels, times)]
     by_backend: dict[str, dict] = {}
     for r in rows:
         sums = by_backend.setdefault(r["backend"] or "-", {"kernels": 0, "predicted_s": 0.0, "run_s": 0.0})
@@ -85,7 +88,21 @@ def kernels_in_place(executable, plan, worst: int = 30) -> dict:
     # each kernel's run_s holds one event's time (stamp_s): the sum less those is what the kernels ran
     return {"predicted_s": sum(r["predicted_s"] for r in rows), "run_s": sum(times), "stamp_s": stamp_s,
             "run_less_stamps_s": max(sum(times) - stamp_s * len(times), 0.0), "by_backend": by_backend,
+            "memory_bound": memory_bound(rows, stamp_s) if graph is not None else None,
             "worst": sorted(rows, key=lambda r: -abs(r["run_s"] - r["predicted_s"]))[:worst]}
+
+
+MATRIX_OPS = ("MatMul", "Conv", "Gemm")  # a kernel with one of these may be bound by arithmetic, not memory
+LARGE_BYTES = 1 << 20  # under this a kernel's time is mostly its launch, not its bytes
+
+
+def memory_bound(rows: list[dict], stamp_s: float) -> dict:
+    """The kernels without a matrix product or convolution that move at least ``LARGE_BYTES``: how many, their
+    bytes and seconds (less one timing event each), and the rate (issue 16: at least 80% of the copy bandwidth)."""
+    large = [r for r in rows if r["bytes"] >= LARGE_BYTES and not any(op in r["ops"] for op in MATRIX_OPS)]
+    seconds = sum(max(r["run_s"] - stamp_s, 0.0) for r in large)
+    moved = sum(r["bytes"] for r in large)
+    return {"kernels": len(large), "bytes": moved, "run_s": seconds, "Bps": moved / seconds if seconds else None}
 
 
 def search_gap(row: dict) -> str:

@@ -59,6 +59,7 @@ def test_each_model_phase_optimized_checked_and_benched(dry_run, phase):
         assert in_place["run_s"] > 0 and len(in_place["worst"]) == min(row["kernels"], 30), in_place
         assert sum(b["kernels"] for b in in_place["by_backend"].values()) == row["kernels"]
         assert in_place["stamp_s"] == 0.0 and in_place["run_less_stamps_s"] == in_place["run_s"]  # a CPU's clock
+        assert all(k["bytes"] > 0 for k in in_place["worst"]) and in_place["memory_bound"]["kernels"] >= 0
         assert isinstance(row["plan"]["optimal"], bool)
     if phase == "measured":
         assert rows[0]["measurement"]["candidates"] > 0 and isinstance(rows[0]["below_floor"], list)
@@ -90,3 +91,20 @@ def test_each_measured_search_gets_its_share_of_the_time_left(tmp_path, monkeypa
     capped = gpu_campaign.Campaign(tmp_path, dataclasses.replace(setting, measured_time_limit_s=60), 500, 90, 1)
     monkeypatch.setattr(capped, "left_s", lambda: 480.0)
     assert capped._search_limit_s(1) == 60
+
+
+def test_the_memory_bound_kernels_are_the_large_ones_without_a_product_timed_less_their_events(monkeypatch):
+    """Issue 16's kernel quality: the rate at which the plan's memory-bound kernels move their bytes, against the
+    device's copy bandwidth (``facts.json``); a kernel's in-place time holds one timing event's (``stamp_s``)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from zoo_bench import memory_bound
+
+    rows = [{"ops": "Add+Relu", "bytes": 4 << 20, "run_s": 3e-6},
+            {"ops": "MatMul+Add", "bytes": 8 << 20, "run_s": 5e-6},
+            {"ops": "Pad+Conv", "bytes": 8 << 20, "run_s": 5e-6},
+            {"ops": "Sigmoid", "bytes": 1000, "run_s": 2e-6},
+            {"ops": "Softmax", "bytes": 2 << 20, "run_s": 2e-6}]
+    found = memory_bound(rows, 1e-6)
+    assert found == {"kernels": 2, "bytes": 6 << 20, "run_s": pytest.approx(3e-6),
+                     "Bps": pytest.approx((6 << 20) / 3e-6)}
+    assert memory_bound(rows[1:4], 1e-6)["Bps"] is None  # none large and memory-bound

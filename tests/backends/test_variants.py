@@ -72,6 +72,29 @@ def test_tune_times_each_variant_over_the_input_sets_and_returns_the_fastest_one
     assert len(read) == 2 and read[0][0] != read[0][1]  # the two sets were both run
 
 
+def test_a_tuned_kernels_timing_is_its_fastest_variants_not_taken_again(monkeypatch):
+    """``measure._time_built`` of a kernel with launch variants (a Triton kernel on a GPU; here in the
+    interpreter, as if it tuned): each checked variant timed once, as any kernel is, and the fastest one's
+    timing returned with its description; no timing after the tuning (it cost a third of a kernel's on an H200)."""
+    from korch.backends import measure
+    from korch.backends.check import RandomArena
+    from korch.backends.timing import Timing
+
+    graph, built = _relu_kernel_with_a_wrong_variant()
+    timed = []
+
+    def time_measured(call, sets, device, warm_path=None):
+        call(len(sets) - 1)  # the call takes an input set's index
+        timed.append(built.variant)
+        return Timing(median_s=2e-6 if built.variant is built.generated.variants[0] else 3e-6, min_s=1e-6, runs=5)
+
+    monkeypatch.setattr(measure, "_tunes", lambda built, device: True)
+    monkeypatch.setattr(measure, "time_measured", time_measured)
+    timing, variant, launches = measure._time_built(built, graph, (0, 1), RandomArena("cpu"), "cpu")
+    assert timed == list(built.generated.variants) and timing.median_s == 2e-6
+    assert variant == {"variant": built.generated.variants[0].describe()} and launches == built.launches
+
+
 def _inputs(graph):
     from korch.backends.check import random_inputs
 

@@ -16,9 +16,9 @@ ran 0.84), these times say which kernels the timer got wrong.
 Either way the median over ``runs`` runs of the sequence. On a GPU the events
 are nodes of the graph and take time of their own: ``stamp_cost_s`` is what
 one costs between two others with nothing between (on the H200, each kernel's
-time ran 2-4 us above what it added to the unstamped graph, 2026-11-30). A compiled unit
-(one AOTInductor library for the whole plan) has no kernels to time apart
-(``Executable.launch_sequence`` says so).
+time ran 2-4 us above what it added to the unstamped graph, 2026-11-30). A
+compiled unit (one AOTInductor library for the whole plan) has no kernels to
+time apart (``Executable.launch_sequence`` says so).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from korch import precision
 from korch.backends.timing import stamped_graph
 
 RUNS = 20
+STAMPS = 32  # events back to back in the graph that reads one event's own time (``stamp_cost_s``)
 
 
 class _Stamped:
@@ -85,9 +86,6 @@ def _on_gpu(executable, inputs, runs: int) -> list[list[float]]:
             torch.cuda.synchronize()
             per_run.append(intervals())
     return per_run
-
-
-STAMPS = 32
 
 
 def stamp_cost_s(device: torch.device | str, runs: int = RUNS) -> float:

@@ -10,7 +10,11 @@ What the cost model's device table should hold instead of datasheet figures
 * the measured search's timer: the seconds ``measure._time_built`` spends on a kernel, by step (its input sets,
   tuning its launch variants, its timed runs, the rest), over a sample of Candy's candidates as each backend
   builds them. The H100's searches spent 0.39 s timing a kernel (2026-11-27), most of a GPU search's
-  estimate (``korch/search_estimate.py``); these steps say where it goes.
+  estimate (``korch/search_estimate.py``); these steps say where it goes;
+* each backend's calling cost as the measured search takes it (``calling.calling_cost_s``): its empty kernel's
+  fastest time as kernels are timed (between two events inside a CUDA graph on a GPU) and, on a GPU, its time
+  chained in a replayed graph with nothing between (``timing.chained_in_graph_s``), the node's time every
+  kernel now carries.
 
 Each is the median of korch's kernel timer (``backends/timing.py``: warm-up, CUDA events on a GPU). On a
 CPU (the campaign's dry run) the same measurements run smaller, timed with the host clock.
@@ -152,15 +156,36 @@ def _per_kernel(rows: list[dict[str, float]]) -> dict:
     return {"kernels": len(rows), "seconds_per_kernel": mean("total_s"), **{step: mean(step) for step in steps}}
 
 
+def calling_costs(device: str) -> dict[str, dict]:
+    """Per backend of ``device``'s target: its empty kernel between events (``stamped_s``), chained in a graph
+    (``chained_s``, a GPU's), and the calling cost the search takes off every kernel (``cost_s``)."""
+    from korch.backends import calling
+    from korch.backends.registry import backends_for
+    from korch.backends.timing import chained_in_graph_s, time_measured
+
+    found = {}
+    for backend in backends_for("h100" if device == "cuda" else "cpu"):
+        call = calling.empty_call(backend, device)
+        if call is not None:
+            stamped = min(time_measured(lambda i: call(), [[]], device, warm_path=call).min_s
+                          for _ in range(calling.TIMINGS))
+            chained = chained_in_graph_s(call, device) if device == "cuda" else None
+            found[backend.name] = {"stamped_s": stamped, "chained_s": chained,
+                                   "cost_s": calling.calling_cost_s(backend, device)}
+    return found
+
+
 def measure(timer_kernels: int = 4) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     facts = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "date": time.strftime("%Y-%m-%d"),
              "torch": torch.__version__, "copy_bandwidth_Bps": copy_bandwidth(device),
              "matmul_flops": matrix_rates(device), "one_kernel": kernel_time(device)}
-    try:  # the newest fact, on code a GPU has not run yet: its failure must not lose the others
-        facts["search_timer"] = search_timer(device, timer_kernels)
-    except Exception as exc:
-        facts["search_timer"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    for name, fact in (("search_timer", lambda: search_timer(device, timer_kernels)),
+                       ("calling_costs", lambda: calling_costs(device))):
+        try:  # the newest facts, on code a GPU has not run yet: a failure must not lose the others
+            facts[name] = fact()
+        except Exception as exc:
+            facts[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         facts["properties"] = {"multiprocessors": props.multi_processor_count, "memory_bytes": props.total_memory,

@@ -42,6 +42,15 @@ def test_the_facts_phase_splits_the_search_timers_seconds_into_its_steps(dry_run
     assert abs(sum(steps.values()) - timer["seconds_per_kernel"]) < 1e-9
 
 
+def test_the_facts_phase_records_each_backends_calling_cost_as_the_search_takes_it(dry_run):
+    """On a GPU its empty kernel between events and chained in a graph (the node's time every kernel carries);
+    on this CPU the first alone, and the cost taken off every kernel is that."""
+    costs = json.loads((dry_run / "facts.json").read_text())["calling_costs"]
+    assert {"inductor", "library"} <= set(costs), costs
+    for cost in costs.values():
+        assert cost["stamped_s"] > 0 and cost["chained_s"] is None and cost["cost_s"] > 0
+
+
 def test_the_smoke_phase_ran_the_gpu_tests_which_skip_here(dry_run):
     smoke = json.loads((dry_run / "smoke.json").read_text())
     assert smoke["exit"] == 0 and "skipped" in smoke["summary"] and "-m gpu" in smoke["command"]

@@ -18,8 +18,9 @@ All of them run under the executable's precision policy (``korch/precision.py``)
 The PyTorch peers need the model as a torch module: a zoo model's own module,
 the module given to the Python API, else (a plain ONNX file) the original ONNX
 graph converted to torch by ``onnx2torch``, which the table marks
-``(onnx2torch)``. A model ``onnx2torch`` cannot convert has no PyTorch peers:
-they are listed as failed with its reason, never replaced by korch's own
+``(onnx2torch)``, taught the operator versions of opsets 18 to 20 it lacks
+(``onnx2torch_opsets.py``). A model ``onnx2torch`` cannot convert has no PyTorch
+peers: they are listed as failed with its reason, never replaced by korch's own
 primitives (no user runs those).
 """
 
@@ -130,7 +131,7 @@ def _onnx2torch_convert():
     try:
         import onnx2torch
 
-        return onnx2torch.convert
+        return _with_newer_opsets(onnx2torch.convert)
     except ModuleNotFoundError as exc:
         if exc.name == "onnx2torch":
             raise KorchError("the PyTorch peers of an ONNX file need onnx2torch: pip install --no-deps onnx2torch")
@@ -150,13 +151,21 @@ def _onnx2torch_convert():
     saved = {m: sys.modules.get(m) for m in ("torchvision", "torchvision.ops")}
     sys.modules.update({"torchvision": stand_in, "torchvision.ops": ops})
     try:
-        return importlib.import_module("onnx2torch").convert
+        return _with_newer_opsets(importlib.import_module("onnx2torch").convert)
     finally:  # nothing else in the process sees the stand-in
         for m, module in saved.items():
             if module is None:
                 sys.modules.pop(m, None)
             else:
                 sys.modules[m] = module
+
+
+def _with_newer_opsets(convert):
+    """``convert``, onnx2torch's, once it converts the operator versions of opsets 18 to 20 (``onnx2torch_opsets``)."""
+    from korch import onnx2torch_opsets
+
+    onnx2torch_opsets.register()
+    return convert
 
 
 def _peer(name: str, module: torch.nn.Module, reference_model: bytes) -> Callable[[Sequence[torch.Tensor]], object]:

@@ -159,19 +159,16 @@ def _per_kernel(rows: list[dict[str, float]]) -> dict:
 def calling_costs(device: str) -> dict[str, dict]:
     """Per backend of ``device``'s target: its empty kernel between events (``stamped_s``), chained in a graph
     (``chained_s``, a GPU's), and the calling cost the search takes off every kernel (``cost_s``)."""
+    import dataclasses
+
     from korch.backends import calling
     from korch.backends.registry import backends_for
-    from korch.backends.timing import chained_in_graph_s, time_measured
 
     found = {}
     for backend in backends_for("h100" if device == "cuda" else "cpu"):
-        call = calling.empty_call(backend, device)
-        if call is not None:
-            stamped = min(time_measured(lambda i: call(), [[]], device, warm_path=call).min_s
-                          for _ in range(calling.TIMINGS))
-            chained = chained_in_graph_s(call, device) if device == "cuda" else None
-            found[backend.name] = {"stamped_s": stamped, "chained_s": chained,
-                                   "cost_s": calling.calling_cost_s(backend, device)}
+        times = calling.empty_kernel_times(backend, device)
+        if times is not None:
+            found[backend.name] = {**dataclasses.asdict(times), "cost_s": times.cost_s}
     return found
 
 

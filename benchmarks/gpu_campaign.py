@@ -250,7 +250,7 @@ def _summary(row: dict) -> str:
     kernels = (f"; kernels in place {in_place['run_s'] * 1e3:.3f} ms ({less * 1e3:.3f} less the events), "
                f"predicted {in_place['predicted_s'] * 1e3:.3f}"
                if "run_s" in in_place else f"; kernels in place: {in_place.get('error', 'not timed')}")
-    rate = (in_place.get("memory_bound") or {}).get("Bps")
+    rate = in_place.get("memory_bound", {}).get("Bps")
     moved = f"; memory-bound kernels {rate / 1e9:.0f} GB/s" if rate else ""
     return f"korch {k * 1e3:.3f} ms ({ratios}); check {'ok' if row['check']['ok'] else 'FAILED'}{kernels}{moved}"
 

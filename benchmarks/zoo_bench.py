@@ -57,10 +57,10 @@ def run_model(model: str, target: str, cost: str, db: str | None, peers: list[st
             "measurement": {k: v for k, v in plan.stats.get("measurement", {}).items() if k != "failures"}}
 
 
-def kernels_in_place(executable, plan, graph=None, worst: int = 30) -> dict:
+def kernels_in_place(executable, plan, graph, worst: int = 30) -> dict:
     """Each kernel's time as the executable runs it (``runtime/kernel_times.py``) beside the plan's cost for it:
     the totals (and the sum less the timing events' own time), the sums per backend, the ``worst`` kernels by
-    how far the two differ, and, given the primitive ``graph``, the bytes each kernel reads and writes and the
+    how far the two differ, and the bytes each kernel reads and writes (``graph``: the primitive graph) and the
     rate at which the memory-bound ones move them (``memory_bound``). A compiled unit, or a failure (this runs
     on GPUs where nothing else tried it), is recorded as ``error``."""
     import torch
@@ -77,7 +77,7 @@ def kernels_in_place(executable, plan, graph=None, worst: int = 30) -> dict:
         return {"error": one_line(exc)}
     rows = [{"name": k.name, "ops": k.ops[:80], "backend": k.backend, "launches": k.launches, "measured": k.measured,
              "predicted_s": k.cost_s, "bound_s": k.bound_s, "run_s": run,
-             "bytes": sum(graph.tensors[t].nbytes for t in (*k.inputs, *k.outputs)) if graph is not None else None}
+             "bytes": sum(graph.tensors[t].nbytes for t in (*k.inputs, *k.outputs))}
             for k, run in zip(plan.kernels, times)]
     by_backend: dict[str, dict] = {}
     for r in rows:
@@ -88,7 +88,7 @@ def kernels_in_place(executable, plan, graph=None, worst: int = 30) -> dict:
     # each kernel's run_s holds one event's time (stamp_s): the sum less those is what the kernels ran
     return {"predicted_s": sum(r["predicted_s"] for r in rows), "run_s": sum(times), "stamp_s": stamp_s,
             "run_less_stamps_s": max(sum(times) - stamp_s * len(times), 0.0), "by_backend": by_backend,
-            "memory_bound": memory_bound(rows, stamp_s) if graph is not None else None,
+            "memory_bound": memory_bound(rows, stamp_s),
             "worst": sorted(rows, key=lambda r: -abs(r["run_s"] - r["predicted_s"]))[:worst]}
 
 

@@ -46,8 +46,8 @@ def register() -> None:
                                                           or _given(node, 3), "wrap mode or axes")))
     add("Resize", (18, 19), _as_older("Resize", 13, _refusing(_resize_beyond_13, "antialias, axes, aspect policy")))
     add("AveragePool", (19,), _as_older("AveragePool", 11, _without_unit_dilations))
-    add("Split", (18,), _as_older("Split", 13, _without("num_outputs")))
-    add("Reshape", (19,), _as_older("Reshape", 14, _allowing_zero_only_where_none))  # 13 splits evenly by its outputs
+    add("Split", (18,), _as_older("Split", 13, _without("num_outputs")))  # 13 splits evenly by its outputs
+    add("Reshape", (19,), _as_older("Reshape", 14, _allowing_zero_only_where_none))
     add("Mish", (18,), _module(lambda node: torch.nn.Mish()))
     add("Gelu", (20,), _module(lambda node: torch.nn.GELU(approximate=node.attributes.get("approximate", "none"))))
 

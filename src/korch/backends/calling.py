@@ -6,6 +6,7 @@ timer's cold start (``empty_call``; ``timing.ColdStart`` says why)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -50,6 +51,38 @@ def empty_call(backend: Backend, device: str) -> Callable[[], object] | None:
     return _EMPTY_CALLS[key]
 
 
+@dataclasses.dataclass(frozen=True)
+class EmptyKernelTimes:
+    """A backend's empty kernel timed as kernels are (``stamped_s``, its fastest) and, on a GPU, chained in a
+    replayed graph with nothing between (``chained_s``; None on a CPU, or where it cannot be captured)."""
+
+    stamped_s: float
+    chained_s: float | None = None
+
+    @property
+    def cost_s(self) -> float:
+        """The calling cost: the stamped time, less the chained one where there is one."""
+        return self.stamped_s - (self.chained_s or 0.0)
+
+
+def empty_kernel_times(backend: Backend, device: str, timings: int = TIMINGS) -> EmptyKernelTimes | None:
+    """``backend``'s empty kernel timed over ``timings`` timings, and chained on a GPU; None if it builds none
+    or its timing fails."""
+    call = empty_call(backend, device)
+    if call is None:
+        return None
+    try:
+        stamped = min(time_measured(lambda i: call(), [[]], device, warm_path=call).min_s for _ in range(timings))
+    except Exception:
+        return None
+    if torch.device(device).type != "cuda":
+        return EmptyKernelTimes(stamped)
+    try:
+        return EmptyKernelTimes(stamped, chained_in_graph_s(call, device))
+    except Exception:  # an empty kernel that cannot be captured: the stamps' cost alone comes off
+        return EmptyKernelTimes(stamped)
+
+
 def calling_cost_s(backend: Backend, device: str, timings: int = TIMINGS) -> float:
     """The fastest time of ``backend``'s build of ``empty_kernel``, timed as kernels are, over ``timings``
     timings (0 if it cannot build one: nothing is subtracted). The fastest, not the median: what is subtracted
@@ -61,27 +94,5 @@ def calling_cost_s(backend: Backend, device: str, timings: int = TIMINGS) -> flo
     costs the graph's time per node besides (an empty one 1.09 us on an H200, against 0.24-0.45 us for the
     smallest kernels between events), and the plans' predictions fell short by 1.0 us a kernel (YOLOX-Nano,
     2026-11-30). The cost is then negative: what comes off every latency puts the node's time on."""
-    call = empty_call(backend, device)
-    if call is None:  # its kernels keep their measured latency
-        return 0.0
-    try:
-        stamped = min(time_measured(lambda i: call(), [[]], device, warm_path=call).min_s for _ in range(timings))
-    except Exception:
-        return 0.0
-    if torch.device(device).type != "cuda":
-        return stamped
-    try:
-        return stamped - chained_in_graph_s(call, device)
-    except Exception:  # an empty kernel that cannot be captured: the stamps' cost alone comes off
-        return stamped
-    try:
-        stamped = min(time_measured(lambda i: call(), [[]], device, warm_path=call).min_s for _ in range(timings))
-        if torch.device(device).type != "cuda":
-            return stamped
-        # a GPU kernel is timed between two events inside a graph; chained in the executable's graph with
-        # nothing between, each kernel costs the graph's time per node besides: 1.09 us for an empty one on
-        # an H200 against 0.24-0.45 us timed between events, and predictions fell short by 1.0 us a kernel
-        # (YOLOX-Nano, 2026-11-30). What comes off every latency is then negative: the node's time goes on.
-        return stamped - chained_in_graph_s(call, device)
-    except Exception:
-        return 0.0
+    times = empty_kernel_times(backend, device, timings)
+    return 0.0 if times is None else times.cost_s

@@ -1,4 +1,5 @@
-"""The checker's seeded random inputs: equal for equal inputs, drawn once per process, never changed by a caller."""
+"""The checker: seeded random inputs (equal for equal inputs, drawn once per process, never changed by a caller),
+and the comparison of a kernel's output with the reference's."""
 
 import numpy as np
 import torch
@@ -35,3 +36,39 @@ def test_the_drawn_values_keep_to_their_byte_limit_least_recently_used_first():
     drawn.get("d", lambda: np.zeros(100, np.float32))
     assert list(drawn._arrays) == ["c", "a", "d"] and drawn.held == 1200
     assert drawn.get("a", lambda: np.ones(100, np.float32))[0] == 0.0
+
+
+def _compared(actual, expected) -> check.CheckResult:
+    return check.compare(torch.tensor(actual, dtype=torch.float32), np.array(expected, dtype=np.float32), "y")
+
+
+def test_floats_compare_by_relative_norm_in_float64():
+    rng = np.random.default_rng(0)
+    expected = rng.standard_normal((64, 33)).astype(np.float32)
+    actual = (expected + 1e-4 * rng.standard_normal(expected.shape)).astype(np.float32)
+    diff = actual.astype(np.float64) - expected.astype(np.float64)
+    result = _compared(actual, expected)
+    assert result.ok and result.message == ""
+    assert result.rel_norm == float(np.linalg.norm(diff) / np.linalg.norm(expected.astype(np.float64)))
+    assert result.max_abs == float(np.abs(diff).max())
+    far = _compared(expected * 1.01, expected)  # 1e-2 in relative norm, over the 2e-3 tolerance
+    assert not far.ok and far.message.startswith("y: relative error 0.01")
+    assert _compared([[0.0, 0.0]], [[0.0, 0.0]]).ok  # a zero reference: the largest difference decides
+
+
+def test_nan_and_infinity_must_stand_where_the_reference_has_them():
+    nan, inf = float("nan"), float("inf")
+    assert _compared([1.0, nan, -inf], [1.0, nan, -inf]).ok
+    assert _compared([1.0, 2.0, -inf], [1.0, nan, -inf]).message == "y: 1 NaN/inf elements differ"
+    assert _compared([1.0, nan, inf], [1.0, nan, -inf]).message == "y: 1 NaN/inf elements differ"
+    unwritten = _compared([nan, 2.0, nan], [1.0, 2.0, 3.0])  # a poisoned element the kernel never wrote
+    assert not unwritten.ok and unwritten.message == "y: 2 NaN/inf elements differ" and unwritten.rel_norm == inf
+    assert _compared([1.0, nan, 3.3], [1.0, nan, 3.0]).message.startswith("y: relative error")  # the rest
+
+
+def test_integers_and_booleans_compare_exactly():
+    assert check.compare(torch.tensor([1, 2, 3]), np.array([1, 2, 3]), "i").ok
+    off = check.compare(torch.tensor([1, 2, 4]), np.array([1, 2, 3]), "i")
+    assert not off.ok and off.message == "i: 1 elements differ" and off.max_abs == 1.0
+    assert not check.compare(torch.tensor([True, False]), np.array([True, True]), "b").ok
+    assert not check.compare(torch.zeros(2, 3), np.zeros((3, 2), np.float32), "s").ok  # shapes differ

@@ -271,7 +271,11 @@ def test_a_network_with_convolutions_has_its_boundary_layout_measured_too():
     data, choice = unit.choose_unit(result.graph, result.plan)
     measured, weights = choice["measured_ms"], choice["weights"]
     assert weights in unit.VARIANTS and choice["boundaries"] in ("channels-last", "NCHW")
-    pair = {layout: measured[f"{weights}, {layout} between kernels"] for layout in ("channels-last", "NCHW")}
+    # the fastest so far is challenged: the weights' variant, or it with attention in MLAS where that won its turns
+    challenger = next(name for name in measured if name.endswith(", NCHW between kernels"))
+    fastest = challenger.removesuffix(", NCHW between kernels")
+    assert fastest in (weights, f"{weights}, {unit.ACTIVATIONS} in MLAS")
+    pair = {layout: measured[f"{fastest}, {layout} between kernels"] for layout in ("channels-last", "NCHW")}
     assert min(pair, key=pair.get) == choice["boundaries"]
     x = np.random.default_rng(2).standard_normal((1, 3, 8, 8)).astype(np.float32)
     want = run_model(model, {"x": x})

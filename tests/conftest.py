@@ -1,7 +1,10 @@
 """Shared test set-up: the Triton interpreter, a fixed CPU probe record, ``gpu`` tests skipped without CUDA, the
-ONNX backend tally printed at the end of the run."""
+ONNX backend tally printed at the end of the run, a folder built once for all of a run's workers
+(``built_once``)."""
 
+import fcntl
 import os
+import shutil
 # Generated Triton kernels run in the interpreter on CPUs; set before triton is imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 # Compiling a whole plan with AOTInductor takes 15-30 s; tests/runtime/test_unit.py turns it on where it is tested.
@@ -44,3 +47,26 @@ def pytest_terminal_summary(terminalreporter):
         with open(SUMMARY_FILE) as f:
             first = f.readline().rstrip()
         terminalreporter.write_line(first)
+
+
+@pytest.fixture(scope="session")
+def built_once(tmp_path_factory):
+    """``built_once(name, build)``: the folder ``build(folder)`` fills, built by the first of the run's
+    pytest-xdist workers that asks and read by the others (a module fixture is built once per worker that runs
+    one of the module's tests: the GPU campaign's dry run took 75 s twice). A build that fails is tried again
+    by the next that asks."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+
+    def folder_of(name: str, build):
+        folder, done = root / name, root / f"{name}.done"
+        with open(root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                build(folder)
+                done.touch()
+        return folder
+    return folder_of

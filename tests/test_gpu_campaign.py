@@ -20,11 +20,11 @@ def campaign(out, *args):
 
 
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("campaign")
-    done = campaign(out)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+def dry_run(built_once):
+    def run(out):
+        done = campaign(out)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return built_once("campaign-dry-run", run)
 
 
 def test_the_dry_run_writes_every_file_a_gpu_run_writes(dry_run):

@@ -36,10 +36,10 @@ def korch(*args):
 
 
 @pytest.fixture(scope="module")
-def unit_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("unit")
-    assert "compiled unit" in optimize_two_output_model(root, run=korch)
-    return root / "out"
+def unit_dir(built_once):
+    def build(root):
+        assert "compiled unit" in optimize_two_output_model(root, run=korch)
+    return built_once("unit", build) / "out"  # read only: a test that damages it damages a copy
 
 
 def test_optimize_writes_the_plan_as_one_checked_unit(unit_dir):

@@ -15,14 +15,20 @@ anything, for each floor model:
   still holds. No search strategy can do with fewer than the smallest such
   set; the greedy one is an upper bound on that least number.
 
-Floor models: ``roofline`` (korch's floors for this host) and ``oracleF``, the
-true latency times F (a floor model as tight as F could ever be).
+Floor models: ``roofline`` (korch's floors for this host), ``rooflineE``
+(those floors with each elementwise kernel's, one without a product,
+convolution, reduction or window, times E: what floors that much tighter for
+the loops would save) and ``oracleF``, the true latency times F (a floor model
+as tight as F could ever be). The search is replayed as ``korch optimize``
+runs it: with layouts where it chooses them (a CPU) and measuring up to
+``--ahead`` columns a round (its default: ``config.measure_ahead``; 0 is the
+strictly lazy loop).
 ``--export FILE`` writes each model's measured latencies (as the search sees
 them: the fastest backend's, less its calling cost) with this host's probe
 record: ``tests/cost/test_zoo_floors.py`` checks every floor against them.
 
-    python benchmarks/floor_share.py zoo:bert_layer zoo:vit_block --floors roofline,oracle0.5,oracle0.9 \\
-        --slack 0,0.05 --out benchmarks/results/floor_share_cpu.json
+    python benchmarks/floor_share.py zoo:bert_layer zoo:vit_block --floors roofline,roofline4,oracle0.9 \\
+        --slack 0,0.05 [--ahead 0] --out benchmarks/results/floor_share_cpu.json
 """
 
 from __future__ import annotations
@@ -56,31 +62,42 @@ class _Replay:
         return None
 
 
+def _loops_only(graph, candidate) -> bool:
+    """Whether a candidate is elementwise and layout primitives alone (no product, convolution, reduction, window)."""
+    from korch.ir.ops import Kind
+
+    return all(graph.nodes[n].op.kind in (Kind.ELEMENTWISE, Kind.LAYOUT) for n in candidate.nodes)
+
+
 def floors(name: str, graph, candidates, device, latency: dict[str, float]) -> list[float]:
     from korch.cost import candidate_bounds
 
-    if name == "roofline":
-        return candidate_bounds(graph, candidates, device)
+    if name.startswith("roofline"):
+        bounds = candidate_bounds(graph, candidates, device)
+        scale = float(name.removeprefix("roofline") or 1)
+        return [b * scale if _loops_only(graph, c) else b for b, c in zip(bounds, candidates)]
     if name.startswith("oracle"):
         share = float(name.removeprefix("oracle"))
         return [share * latency[c.signature] if math.isfinite(latency[c.signature]) else 0.0 for c in candidates]
-    raise SystemExit(f"unknown floor model {name!r}: roofline or oracleF")
+    raise SystemExit(f"unknown floor model {name!r}: roofline, rooflineE or oracleF")
 
 
-def certificate(graph, cset, segments, truth: dict[int, float], bounds, slack: float) -> set[str]:
+def certificate(graph, cset, segments, truth: dict[int, float], bounds, slack: float, conversion_cost=None) \
+        -> set[str]:
     """Signatures whose measurements, the rest at their floors, prove each segment's optimum (greedy, see above)."""
     from korch.orchestrate.problem import segment_problem
     from korch.orchestrate.solver import Solver
 
     needed: set[str] = set()
     for segment in segments:
-        problem, ids, _ = segment_problem(graph, cset, segment, bounds)
+        problem, ids, _ = segment_problem(graph, cset, segment, bounds, conversion_cost)
+        moves = list(problem.costs[len(ids):])  # the layout conversions' columns, priced alike in every solve
         true = [truth[i] for i in ids]
         floor = [min(bounds[i], truth[i]) for i in ids]
         signature = [cset.candidates[i].signature for i in ids]
         solver = Solver(problem)
-        optimum = solver.solve(true)
-        chosen = {signature[j] for j in optimum.order}
+        optimum = solver.solve(true + moves)
+        chosen = {signature[j] for j in optimum.order if j < len(ids)}
         gap = {}
         for j, s in enumerate(signature):
             gap[s] = max(gap.get(s, 0.0), true[j] - floor[j])
@@ -88,32 +105,34 @@ def certificate(graph, cset, segments, truth: dict[int, float], bounds, slack: f
         for s in sorted(set(signature) - chosen, key=lambda s: -gap[s]):
             trial = measured - {s}
             costs = [true[j] if signature[j] in trial else floor[j] for j in range(len(ids))]
-            if solver.solve(costs).objective >= optimum.objective * (1 - slack) - 1e-12:
+            if solver.solve(costs + moves).objective >= optimum.objective * (1 - slack) - 1e-12:
                 measured = trial
         needed |= measured
     return needed
 
 
 def replay(model: str, db: str | None, floor_models: list[str], slacks: list[float],
-           jobs: int | None) -> tuple[dict, dict[str, float]]:
+           jobs: int | None, ahead: int) -> tuple[dict, dict[str, float]]:
     """The model's row of results, and its measured latency by signature."""
     from korch import config
     from korch.backends.db import ProfileDB
     from korch.backends.measure import KernelMeasurer
     from korch.backends.registry import BackendPredicate, backends_for
-    from korch.cost import get_device
     from korch.orchestrate.candidates import enumerate_candidates
+    from korch.orchestrate.layouts import with_layouts
     from korch.orchestrate.partition import partition
     from korch.orchestrate.segments import solve_segments
-    from korch.pipeline import load_model
+    from korch.pipeline import _conversion_cost, chooses_layouts, floor_device, load_model
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, graph, _ = load_model(model)
     cset = enumerate_candidates(graph, max_nodes=config.max_kernel_nodes,
                                 predicate=BackendPredicate(backends_for("cpu")))
+    if chooses_layouts("cpu", "measured"):  # as the search does
+        cset = with_layouts(graph, cset)
     segments = partition(graph, cset, max_segment_nodes=config.max_segment_nodes)
-    device = get_device("cpu")
+    device = floor_device("cpu")
     started = time.perf_counter()
     measurer = KernelMeasurer(graph, cset.candidates, [0.0] * len(cset.candidates), target="cpu",
                               db=ProfileDB(db), jobs=jobs)
@@ -122,14 +141,17 @@ def replay(model: str, db: str | None, floor_models: list[str], slacks: list[flo
     finally:
         measurer.close()
     latency = {c.signature: truth[c.id] for c in cset.candidates}
-    full, _, _ = solve_segments(graph, cset, segments, [truth[c.id] for c in cset.candidates], None)
+    moves = _conversion_cost(graph, device, measurer)  # measured once, then from the database
+    full, _, _ = solve_segments(graph, cset, segments, [truth[c.id] for c in cset.candidates], None,
+                                conversion_cost=moves)
     row = {"model": model, "candidates": len(cset.candidates), "signatures": len(latency),
            "measure_everything_s": round(time.perf_counter() - started, 1),
            "optimum_ms": sum(k.cost_s for k in full) * 1e3, "floor_models": {}}
     for name in floor_models:
         bounds = floors(name, graph, cset.candidates, device, latency)
         oracle = _Replay(cset.candidates, latency, bounds)
-        kernels, _, _ = solve_segments(graph, cset, segments, bounds, None, measurer=oracle)
+        kernels, _, _ = solve_segments(graph, cset, segments, bounds, None, measurer=oracle, conversion_cost=moves,
+                                       measure_ahead=ahead)
         ratios = sorted(truth[c.id] / b for c, b in zip(cset.candidates, bounds)
                         if b > 0 and math.isfinite(truth[c.id]))
         entry = {"lazy_asked": len(oracle.asked), "lazy_share": len(oracle.asked) / len(latency),
@@ -138,7 +160,8 @@ def replay(model: str, db: str | None, floor_models: list[str], slacks: list[flo
                  "measured_over_floor_median": ratios[len(ratios) // 2] if ratios else None,
                  "certificate": {}}
         for slack in slacks:
-            entry["certificate"][str(slack)] = len(certificate(graph, cset, segments, truth, bounds, slack))
+            entry["certificate"][str(slack)] = len(certificate(graph, cset, segments, truth, bounds, slack,
+                                                                        moves))
         row["floor_models"][name] = entry
         proofs = ", ".join(f"slack {s}: {n} ({n / len(latency):.0%})" for s, n in entry["certificate"].items())
         print(f"{model}: {name}: lazy search asks {entry['lazy_asked']} of {len(latency)} signatures "
@@ -152,14 +175,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+")
     parser.add_argument("--db", default=None, help="profile database (default: korch's)")
-    parser.add_argument("--floors", default="roofline", help="comma-separated: roofline, oracleF")
-    parser.add_argument("--slack", default="0", help="comma-separated relative gaps a certificate may leave")
+    parser.add_argument("--floors", default="roofline", help="comma-separated: roofline, rooflineE, oracleF")
+    parser.add_argument("--ahead", type=int, default=None, help="columns a round measures ahead "
+                        "(default: the search's, config.measure_ahead)")
+    parser.add_argument("--slack", default="0", help="comma-separated relative gaps a certificate may leave, "
+                        "or none (no certificate: one solve a signature each)")
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--out", default=None)
     parser.add_argument("--export", default=None, help="write the measured latencies and the probe record here")
     args = parser.parse_args(argv)
-    replayed = {m: replay(m, args.db, args.floors.split(","), [float(s) for s in args.slack.split(",")], args.jobs)
-                for m in args.models}
+    from korch import config
+
+    ahead = config.measure_ahead if args.ahead is None else args.ahead
+    slacks = [] if args.slack == "none" else [float(s) for s in args.slack.split(",")]
+    replayed = {m: replay(m, args.db, args.floors.split(","), slacks, args.jobs, ahead) for m in args.models}
     rows = [row for row, _ in replayed.values()]
     latencies = {m: latency for m, (_, latency) in replayed.items()}
     if args.export:
@@ -174,6 +203,7 @@ def main(argv=None) -> int:
         from korch.runtime.bundle import versions
 
         result = {"benchmark": "measured share under floors of any tightness", "date": time.strftime("%Y-%m-%d"),
+                  "measure_ahead": ahead,
                   "device": device_description("cpu"), "versions": versions(),
                   "command": "python benchmarks/floor_share.py " + " ".join(argv or sys.argv[1:]), "rows": rows}
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

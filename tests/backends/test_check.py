@@ -2,6 +2,7 @@
 and the comparison of a kernel's output with the reference's."""
 
 import numpy as np
+import pytest
 import torch
 
 from korch.backends import check
@@ -42,15 +43,20 @@ def _compared(actual, expected) -> check.CheckResult:
     return check.compare(torch.tensor(actual, dtype=torch.float32), np.array(expected, dtype=np.float32), "y")
 
 
-def test_floats_compare_by_relative_norm_in_float64():
+def test_floats_compare_by_relative_norm_as_float64_would():
     rng = np.random.default_rng(0)
     expected = rng.standard_normal((64, 33)).astype(np.float32)
     actual = (expected + 1e-4 * rng.standard_normal(expected.shape)).astype(np.float32)
     diff = actual.astype(np.float64) - expected.astype(np.float64)
     result = _compared(actual, expected)
     assert result.ok and result.message == ""
-    assert result.rel_norm == float(np.linalg.norm(diff) / np.linalg.norm(expected.astype(np.float64)))
-    assert result.max_abs == float(np.abs(diff).max())
+    assert result.rel_norm == pytest.approx(np.linalg.norm(diff) / np.linalg.norm(expected.astype(np.float64)), 1e-6)
+    assert result.max_abs == pytest.approx(np.abs(diff).max(), 1e-6)
+    channels_last = torch.from_numpy(actual.reshape(1, 3, 32, 22)).contiguous(memory_format=torch.channels_last)
+    assert check.compare(channels_last, expected.reshape(1, 3, 32, 22), "y") == result  # however stored
+    huge = _compared([3e38, -3e38], [3e38, -3e38])  # squares past float32's range, summed in float64
+    assert huge.ok and huge.rel_norm == 0.0
+    assert _compared([3e38, -3e38], [3e38, 3e38]).rel_norm == pytest.approx(2 ** 0.5, 1e-6)  # a float32 overflow
     far = _compared(expected * 1.01, expected)  # 1e-2 in relative norm, over the 2e-3 tolerance
     assert not far.ok and far.message.startswith("y: relative error 0.01")
     assert _compared([[0.0, 0.0]], [[0.0, 0.0]]).ok  # a zero reference: the largest difference decides

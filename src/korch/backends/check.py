@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import threading
 from collections.abc import Callable, Sequence
 
@@ -155,15 +156,31 @@ def compare(actual: torch.Tensor, expected: np.ndarray, name: str, tolerance: fl
     elif not np.isfinite(got).all():
         wrong = int(np.count_nonzero(~np.isfinite(got)))
         return CheckResult(False, float("inf"), float("inf"), f"{name}: {wrong} NaN/inf elements differ")
-    # in float64, without masked copies where every value is finite (a search checks a kernel's outputs of
-    # several MB each: the masked float64 copies took 30-50 ms a kernel)
-    diff = got.astype(np.float64)
-    diff -= expected
-    max_abs = max(float(diff.max(initial=0.0)), -float(diff.min(initial=0.0)))
-    scale = float(np.linalg.norm(expected.astype(np.float64, copy=False)))
-    rel = float(np.linalg.norm(diff)) / scale if scale > 0 else max_abs
+    # without masked copies where every value is finite, float32 outputs without float64 copies (a search checks
+    # kernels whose outputs hold millions of values; the sums of squares are float64 either way)
+    wide = np.float32 if got.dtype == expected.dtype == np.float32 else np.float64
+    diff, max_abs = _difference(got, expected, wide)
+    if math.isinf(max_abs) and wide is np.float32:  # finite values whose difference is past float32's range
+        diff, max_abs = _difference(got, expected, np.float64)
+    scale = _norm(expected)
+    rel = _norm(diff) / scale if scale > 0 else max_abs
     ok = rel <= tolerance
     return CheckResult(ok, max_abs, rel, "" if ok else f"{name}: relative error {rel:.3g} (max abs {max_abs:.3g})")
+
+
+def _difference(got: np.ndarray, expected: np.ndarray, dtype) -> tuple[np.ndarray, float]:
+    """``got - expected`` in ``dtype`` and in the reference's order (a channels-last output is copied once), and
+    its largest magnitude."""
+    diff = np.array(got, dtype=dtype, order="C")
+    with np.errstate(over="ignore"):
+        diff -= expected
+    return diff, max(float(diff.max(initial=0.0)), -float(diff.min(initial=0.0)))
+
+
+def _norm(values: np.ndarray) -> float:
+    """The Euclidean norm, its squares summed in float64 whatever the values' type (no float64 copy)."""
+    flat = values.ravel()
+    return float(np.sqrt(np.einsum("i,i->", flat, flat, dtype=np.float64)))
 
 
 def check(built: BuiltKernel, kernel: Graph, *, device: str = "cpu", seed: int = 0) -> CheckResult:

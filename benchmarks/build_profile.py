@@ -40,13 +40,9 @@ LOWERED = ("compile_fx.py", "fx_codegen_and_compile")
 def main(argv=None) -> int:
     import torch
 
-    from korch import config
     from korch.backends.db import ProfileDB
     from korch.backends.measure import KernelMeasurer, _worker
-    from korch.backends.registry import BackendPredicate, backends_for
-    from korch.orchestrate.candidates import enumerate_candidates
-    from korch.orchestrate.layouts import with_layouts
-    from korch.pipeline import chooses_layouts, load_model
+    from korch.pipeline import candidate_kernels, load_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -54,10 +50,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     _, graph, _ = load_model(args.model)
-    candidates = enumerate_candidates(graph, max_nodes=config.max_kernel_nodes,
-                                      predicate=BackendPredicate(backends_for("cpu")))
-    if chooses_layouts("cpu", "measured"):
-        candidates = with_layouts(graph, candidates)
+    candidates = candidate_kernels(graph, "cpu", "measured")
     measurer = KernelMeasurer(graph, candidates.candidates, [0.0] * len(candidates.candidates), target="cpu",
                               db=ProfileDB(None), jobs=1)
     first: dict[str, int] = {}

@@ -117,20 +117,14 @@ def replay(model: str, db: str | None, floor_models: list[str], slacks: list[flo
     from korch import config
     from korch.backends.db import ProfileDB
     from korch.backends.measure import KernelMeasurer
-    from korch.backends.registry import BackendPredicate, backends_for
-    from korch.orchestrate.candidates import enumerate_candidates
-    from korch.orchestrate.layouts import with_layouts
     from korch.orchestrate.partition import partition
     from korch.orchestrate.segments import solve_segments
-    from korch.pipeline import _conversion_cost, chooses_layouts, floor_device, load_model
+    from korch.pipeline import _conversion_cost, candidate_kernels, floor_device, load_model
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, graph, _ = load_model(model)
-    cset = enumerate_candidates(graph, max_nodes=config.max_kernel_nodes,
-                                predicate=BackendPredicate(backends_for("cpu")))
-    if chooses_layouts("cpu", "measured"):  # as the search does
-        cset = with_layouts(graph, cset)
+    cset = candidate_kernels(graph, "cpu", "measured")  # as the search has them
     segments = partition(graph, cset, max_segment_nodes=config.max_segment_nodes)
     device = floor_device("cpu")
     started = time.perf_counter()

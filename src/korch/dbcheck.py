@@ -39,25 +39,19 @@ class FloorCheck:
 def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequence[int]] | None = None,
                  max_kernel_nodes: int | None = None) -> FloorCheck:
     """Compare every measured kernel of ``model``'s candidates on ``target`` with its floor (see the docstring)."""
-    from korch import config
     from korch.backends.db import ProfileDB
     from korch.backends.measure import CALLING_COST, device_key, keyed_versions
-    from korch.backends.registry import BackendPredicate, backends_for, device_for
+    from korch.backends.registry import backends_for, device_for
     from korch.cost import candidate_bounds
-    from korch.orchestrate.candidates import enumerate_candidates
-    from korch.orchestrate.layouts import with_layouts
-    from korch.pipeline import chooses_layouts, floor_device, load_model
+    from korch.pipeline import candidate_kernels, floor_device, load_model
 
     device = floor_device(target)  # the floors the search used
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, graph, _ = load_model(model, input_shapes)
     backends = backends_for(target)
-    candidates = enumerate_candidates(graph, max_nodes=max_kernel_nodes or config.max_kernel_nodes,
-                                      predicate=BackendPredicate(backends))
-    if chooses_layouts(target, "measured"):  # the channels-last columns a measured search measured too
-        candidates = with_layouts(graph, candidates)
-    candidates = candidates.candidates
+    # with the channels-last columns a measured search measured too
+    candidates = candidate_kernels(graph, target, "measured", max_kernel_nodes).candidates
     bounds = candidate_bounds(graph, candidates, device)
     floor: dict[str, tuple[float, str]] = {}
     for candidate, bound in zip(candidates, bounds):

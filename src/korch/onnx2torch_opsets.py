@@ -93,14 +93,19 @@ def _rewritten(node, inputs, attributes: dict):
     return OnnxNode(proto, node.unique_name)
 
 
-def _axes_as_attribute(node, graph):
-    """A reduction of opset 18 or later as 13 writes it: its ``axes`` input, a constant, as the attribute."""
+def _constant_ints(node, index: int, graph) -> list[int]:
+    """The integers of the node's input ``index``, a constant of the graph (``KeyError`` if it is computed)."""
     from onnx2torch.utils.common import get_const_value
 
+    value = get_const_value(node.input_values[index], graph)
+    return [int(v) for v in (value.tolist() if hasattr(value, "tolist") else value)]
+
+
+def _axes_as_attribute(node, graph):
+    """A reduction of opset 18 or later as 13 writes it: its ``axes`` input, a constant, as the attribute."""
     attributes = {k: v for k, v in node.attributes.items() if k != "noop_with_empty_axes"}
     if _given(node, 1):
-        axes = get_const_value(node.input_values[1], graph)
-        attributes["axes"] = [int(a) for a in (axes.tolist() if hasattr(axes, "tolist") else axes)]
+        attributes["axes"] = _constant_ints(node, 1, graph)
     if not attributes.get("axes") and node.attributes.get("noop_with_empty_axes", 0):
         raise NotImplementedError(f"{node.operation_type} with no axes and noop_with_empty_axes")
     return _rewritten(node, node.input_values[:1], attributes)
@@ -109,15 +114,13 @@ def _axes_as_attribute(node, graph):
 def _allowing_zero_only_where_none(node, graph):
     """A Reshape whose ``allowzero`` (which onnx2torch refuses) changes nothing: its shape a constant with no 0
     in it (torch's exporter sets it on every Reshape of opset 14 and up)."""
-    from onnx2torch.utils.common import get_const_value
-
     if not node.attributes.get("allowzero", 0):
         return node
     try:
-        shape = get_const_value(node.input_values[1], graph)
+        shape = _constant_ints(node, 1, graph)
     except KeyError:  # computed: a 0 there would be read differently
         raise NotImplementedError("Reshape with allowzero=1 and a computed shape") from None
-    if 0 in [int(d) for d in (shape.tolist() if hasattr(shape, "tolist") else shape)]:
+    if 0 in shape:
         raise NotImplementedError("Reshape with allowzero=1 and a 0 in its shape")
     return _without("allowzero")(node, graph)
 

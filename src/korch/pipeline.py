@@ -148,10 +148,8 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
               max_kernel_nodes, plan_only: bool, compiled_unit: bool | None, progress: Progress | None,
               check: _Check) -> Optimized:
     from korch import config
-    from korch.backends.registry import BackendPredicate, backends_for, device_for
+    from korch.backends.registry import device_for
     from korch.cost import candidate_bounds
-    from korch.orchestrate.candidates import enumerate_candidates
-    from korch.orchestrate.layouts import with_layouts
     from korch.orchestrate.partition import load_cut_points, partition, partition_at
 
     progress = progress or Progress()
@@ -174,11 +172,8 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
             check = dataclasses.replace(check, inputs={**imported.input_values, **(check.inputs or {})},
                                         values=imported.input_values)
     with stage("candidate kernels"):
-        candidates = enumerate_candidates(graph, max_nodes=max_kernel_nodes or config.max_kernel_nodes,
-                                          predicate=BackendPredicate(backends_for(target)))
+        candidates = candidate_kernels(graph, target, cost, max_kernel_nodes)
         layouts = chooses_layouts(target, cost)
-        if layouts:
-            candidates = with_layouts(graph, candidates)
     with stage("partition"):
         segments = partition_at(graph, candidates, cuts) if cuts else partition(
             graph, candidates, max_segment_nodes=config.max_segment_nodes)
@@ -283,6 +278,19 @@ def floor_device(target: str):
     from korch.cost import get_device
 
     return get_device(target, exact_float32=not precision.current().tf32)
+
+
+def candidate_kernels(graph, target: str, cost: str, max_kernel_nodes: int | None = None):
+    """The search's candidate kernels of ``graph`` (a ``CandidateSet``): those the target's backends claim, each
+    also with its layouts where the program chooses them (``chooses_layouts``)."""
+    from korch import config
+    from korch.backends.registry import BackendPredicate, backends_for
+    from korch.orchestrate.candidates import enumerate_candidates
+    from korch.orchestrate.layouts import with_layouts
+
+    candidates = enumerate_candidates(graph, max_nodes=max_kernel_nodes or config.max_kernel_nodes,
+                                      predicate=BackendPredicate(backends_for(target)))
+    return with_layouts(graph, candidates) if chooses_layouts(target, cost) else candidates
 
 
 def chooses_layouts(target: str, cost: str) -> bool:

@@ -315,16 +315,17 @@ def _conversion_cost(graph, device, measurer):
     return cost
 
 
-def _compile_unit(graph, plan, device: str) -> tuple[bytes | None, str, dict]:
+def _compile_unit(graph, plan, device: str, started=None) -> tuple[bytes | None, str, dict]:
     """The plan as one compiled unit (the faster of its variants, and what was measured), or None and why
-    not (a unit that fails to compile is not fatal)."""
+    not (a unit that fails to compile is not fatal); ``started``: its own variants compiling in workers
+    (``unit_workers.start``)."""
     from korch.runtime import unit
 
     reason = unit.supports(graph, device)
     if reason:
         return None, reason, {}
     try:
-        data, choice = unit.choose_unit(graph, plan, device)
+        data, choice = unit.choose_unit(graph, plan, device, compiled=started.compiled() if started else None)
         return data, "", choice
     except Exception as exc:  # Inductor's failures are many: the kernel-by-kernel executable still runs
         return None, f"AOTInductor failed: {one_line(exc)}", {}
@@ -332,6 +333,7 @@ def _compile_unit(graph, plan, device: str) -> tuple[bytes | None, str, dict]:
 
 def _build_check_write(result: Optimized, target: str, device: str, output: Path, stage: _Stages,
                        progress: Progress, compiled_unit: bool = True, how: _Check = _Check()) -> Optimized:
+    from korch.runtime import unit_workers
     from korch.runtime.assemble import assemble
     from korch.runtime.build import build_plan, recheck
     from korch.runtime.selfcheck import check_against_onnxruntime, raised
@@ -348,12 +350,18 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
         except Exception as exc:  # an executable that raises fails its check: the steps after it apply, and the
             return raised(executable.output_names, exc)  # plan is written, not lost in a traceback
 
-    with stage("build"):
-        steps = build_plan(graph, plan, target, device, progress.on_build, check_kernels=False)
-    unit, unit_note, unit_choice = None, "not asked for (kernel by kernel)", {}
-    if compiled_unit:
-        with stage("compile unit"):
-            unit, unit_note, unit_choice = _compile_unit(graph, plan, device)
+    # the unit's variants compile in workers while the kernels build here (runtime/unit_workers.py)
+    started = unit_workers.start(graph, plan, device) if compiled_unit else None
+    try:
+        with stage("build"):
+            steps = build_plan(graph, plan, target, device, progress.on_build, check_kernels=False)
+        unit, unit_note, unit_choice = None, "not asked for (kernel by kernel)", {}
+        if compiled_unit:
+            with stage("compile unit"):
+                unit, unit_note, unit_choice = _compile_unit(graph, plan, device, started)
+    finally:
+        if started is not None:
+            started.close()
     assembled = assemble(graph, plan, steps, target=target, device=device, reference_model=result.reference,
                          unit=unit, unit_note=unit_note, unit_choice=unit_choice)
     with stage("check"):

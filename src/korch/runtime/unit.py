@@ -26,10 +26,9 @@ convolutions want it), left to ATen's MKL call, or with every float32 product
 softmax in ONNX Runtime's MLAS (``backends/ort_gemm.py``, C++ operators the
 executable's directory carries as a library; on an AVX2 EPYC a BERT layer's
 unit runs 12-13 ms this way against 16-19 ms through ATen).
-Two rewrites run fewer kernels than planned: freezing's own (a convolution and
-its activation into one oneDNN call) may join a convolution with the pointwise
-kernel after it, and the MLAS variant computes products of one activation by
-several weights (attention's projections) as one, where the first is planned.
+Two rewrites run fewer kernels than planned: freezing's own (a convolution and its activation into one oneDNN
+call) may join a convolution with the pointwise kernel after it, and the MLAS variant computes products of one
+activation by several weights (attention's projections) as one, where the first is planned.
 
 With a ``SizeRange`` (``korch optimize --dynamic``) the module computes the
 graph at the size of its inputs (``ir/sizes.py``) and is exported with that
@@ -47,7 +46,7 @@ import random
 import re
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -123,8 +122,7 @@ def mlas_kernels(plan: Plan) -> frozenset[str]:
 
 
 def library_conv_kernels(plan: Plan) -> frozenset[str]:
-    """The primitives of the kernels ``plan`` measured with the library's 1x1 convolutions
-    (``inductor.LibraryConvBackend``)."""
+    """The primitives of the kernels ``plan`` measured with the library's 1x1 convolutions (``LibraryConvBackend``)."""
     return _kernels_of(plan, LibraryConvBackend.name)
 
 
@@ -283,18 +281,29 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
             return Path(path).read_bytes()
 
 
-def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeRange | None = None) \
-        -> tuple[bytes, dict]:
+def own_variants(graph: Graph, plan: Plan) -> dict[str, Variant]:
+    """The variants ``choose_unit`` compiles first, by name, as the run's configuration and the plan set them."""
+    from korch import config
+
+    boundaries = config.checked_unit_boundaries(config.unit_boundaries)
+    planned = plan.stats.get("layouts") == "chosen"  # orchestrate/layouts.py
+    return {name: dataclasses.replace(variant, channels_last_boundaries=boundaries != "nchw", planned_layouts=planned)
+            for name, variant in VARIANTS.items() if _compiles_a_unit_of_its_own(variant, graph, plan)}
+
+
+def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeRange | None = None,
+                compiled: Mapping[str, Callable[[], bytes]] | None = None) -> tuple[bytes, dict]:
     """The fastest of the plan's units over ``VARIANTS``, and what was measured: the variants take turns
     (``CHOICE_ROUNDS`` rounds; each one's fastest call, ``_fastest_seconds``). A variant that fails to compile
     is left out; if all fail, the first failure is raised. A fastest unit without MLAS is compiled again with
-    attention's products and softmaxes in MLAS (``ort_within="activations"``), and the two take turns; so is
-    the fastest unit without MLAS where an all-MLAS one is fastest and it is close (``_attention_base``). A graph with convolutions then has the fastest also
-    compiled with NCHW values between its kernels, and the two take turns again; ``config.unit_boundaries`` ("nchw",
-    "channels-last") instead fixes that layout for every variant, and a plan that chose each value's layout
-    (``plan.stats["layouts"] == "chosen"``) has every variant store them as planned. A graph with 1x1 convolutions last has the
-    fastest compiled with the library's convolutions for all of them instead of products (but where the plan
-    measured the library's), and the two take turns."""
+    attention's products and softmaxes in MLAS (``ort_within="activations"``), and the two take turns; so is the
+    fastest unit without MLAS where an all-MLAS one is fastest and it is close (``_attention_base``). A graph with
+    convolutions then has the fastest also compiled with NCHW values between its kernels, and the two take turns
+    again; ``config.unit_boundaries`` ("nchw", "channels-last") instead fixes that layout for every variant, and a
+    plan that chose each value's layout (``plan.stats["layouts"] == "chosen"``) has every variant store them as
+    planned. A graph with 1x1 convolutions last has the fastest compiled with the library's convolutions for all
+    of them instead of products (but where the plan measured the library's), and the two take turns.
+    ``compiled[name]()``: an own variant's package compiled elsewhere (``unit_workers``)."""
     from korch import config
 
     boundaries = config.checked_unit_boundaries(config.unit_boundaries)
@@ -304,7 +313,8 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
 
     def add(name: str, variant: Variant) -> None:
         try:
-            data = compile_unit(graph, plan, device, variant, size_range)
+            data = compiled[name]() if name in (compiled or {}) else \
+                compile_unit(graph, plan, device, variant, size_range)
             built[name] = _Built(data, CompiledUnit.from_bytes(data), variant)
         except Exception as exc:  # Inductor's failures are many: the other variant may compile
             errors[name] = exc
@@ -320,12 +330,10 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         return again[name] < again[best]
 
     planned = plan.stats.get("layouts") == "chosen"  # orchestrate/layouts.py
-    for name, variant in VARIANTS.items():
-        if _compiles_a_unit_of_its_own(variant, graph, plan):
-            add(name, dataclasses.replace(variant, channels_last_boundaries=boundaries != "nchw",
-                                          planned_layouts=planned))
+    for name, variant in own_variants(graph, plan).items():
+        add(name, variant)
     if not built:
-        raise next(iter(errors.values())) if errors else KorchError("no compiled unit: no variant applies to this graph")
+        raise next(iter(errors.values()), KorchError("no compiled unit: no variant applies to this graph"))
     inputs = example_inputs(graph, device)
     seconds = _fastest_seconds({name: b.unit for name, b in built.items()}, inputs, device)
     best = min(seconds, key=seconds.get) if seconds else next(iter(built))

@@ -122,6 +122,29 @@ def test_a_proof_cut_short_by_its_budget_is_tried_again_until_it_holds(seed, mon
     assert result.solution.objective == pytest.approx(everything.objective, rel=1e-9)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_proof_with_every_price_known_runs_to_its_end_not_to_a_budget(seed, monkeypatch):
+    """With nothing left to measure no price can change, so a proving round gets no budget: stopped, it would
+    only start branch and cut again from scratch."""
+    from korch.orchestrate import lazy
+    from korch.orchestrate.solver import Solver
+
+    monkeypatch.setattr(lazy, "PROOF_BUDGET_S", 1e-6)
+    p, bounds = setup(seed)
+    oracle = Oracle(bounds, seed)
+    limits, real = [], Solver.solve
+
+    def spy(self, costs=None, **kwargs):
+        if kwargs.get("prove", True):
+            limits.append(kwargs.get("time_limit"))
+        return real(self, costs, **kwargs)
+
+    monkeypatch.setattr(Solver, "solve", spy)
+    result = solve_lazily(p, bounds, oracle, measured=dict(enumerate(oracle.latency)))
+    assert result.solution.optimal and not oracle.asked
+    assert result.proofs <= 1 and all(limit is None for limit in limits)
+
+
 def test_the_callers_time_limit_still_ends_an_unproven_search():
     p, bounds = setup(0)
     result = solve_lazily(p, bounds, Oracle(bounds, 0), time_limit=1e-9)

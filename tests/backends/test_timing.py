@@ -478,3 +478,28 @@ def test_a_kernels_cost_chained_in_a_graph_is_read_with_nothing_between_its_call
     assert captured == ["call"] * 8  # no event between the calls
     after = kinds[kinds.index("captured") + 1:]
     assert after == ["replay"] + ["record", "replay", "record", "sync"] * 3  # an untimed upload, then 3 timed
+
+
+def test_a_cpu_timing_that_settles_stops_once_its_median_is_known(clock):
+    """Runs stop at SETTLE_MIN_RUNS when they agree; runs that disagree go on to the budget or the cap."""
+    steady = time_kernel(kernel(clock, lambda k, i: MS), device="cpu", warmup=0, warmup_s=0, settle_within=0.02)
+    assert steady.runs == timing.SETTLE_MIN_RUNS and steady.median_s == MS
+    # one run in nine far off: the median's bounds leave it out
+    one_off = time_kernel(kernel(clock, lambda k, i: 3 * MS if k == 4 else MS), device="cpu", warmup=0,
+                          warmup_s=0, settle_within=0.02)
+    assert one_off.runs == timing.SETTLE_MIN_RUNS
+    spread = time_kernel(kernel(clock, lambda k, i: MS * (1 + k % 2)), device="cpu", warmup=0, warmup_s=0,
+                         repeats=40, min_repeats=40, settle_within=0.02)
+    assert spread.runs == 40
+    unsettled = time_kernel(kernel(clock, lambda k, i: MS), device="cpu", warmup=0, warmup_s=0, repeats=30,
+                            min_repeats=30)
+    assert unsettled.runs == 30  # without settle_within every run the budget allows
+
+
+def test_settled_reads_the_medians_bounds_from_the_order_statistics():
+    assert not timing.settled([1.0] * (timing.SETTLE_MIN_RUNS - 1), 0.5)
+    assert timing.settled([1.0] * 9, 0.0)
+    assert timing.settled([1.0] * 8 + [5.0], 0.01) and timing.settled([0.2] + [1.0] * 8, 0.01)
+    assert not timing.settled([1.0] * 7 + [5.0, 5.0], 0.01)  # two far off of nine: the bound reaches them
+    assert not timing.settled([1.0, 1.02, 1.04, 1.06, 1.08, 1.10, 1.12, 1.14, 1.16], 0.05)
+    assert timing.settled([1.0, 1.02, 1.04, 1.06, 1.08, 1.10, 1.12, 1.14, 1.16], 0.1)

@@ -72,7 +72,8 @@ def empty_kernel_times(backend: Backend, device: str, timings: int = TIMINGS) ->
     if call is None:
         return None
     try:
-        stamped = min(time_measured(lambda i: call(), [[]], device, warm_path=call).min_s for _ in range(timings))
+        stamped = min(time_measured(lambda i: call(), [[]], device, warm_path=call, settle_within=None).min_s
+                      for _ in range(timings))
     except Exception:
         return None
     if torch.device(device).type != "cuda":

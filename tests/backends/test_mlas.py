@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from korch.backends import ort_gemm
+from korch.backends.check import random_inputs
 from korch.backends.mlas import MlasBackend
 from korch.backends.registry import backends_for
 from tests.backends import cases
@@ -60,7 +61,9 @@ def test_a_dropped_kernel_releases_its_sessions():
     ops.close_unit(991)
     torch.testing.assert_close(ops.matmul(torch.ones(2, 5), torch.ones(5, 3), 991, 0), torch.full((2, 3), 5.0))
 
-    built = MlasBackend().build(cases.matmul_bias_relu_residual(), "cpu")  # its one product: slot 0, 24x24
+    kernel = cases.matmul_bias_relu_residual()
+    built = MlasBackend().build(kernel, "cpu")
+    built(*random_inputs(kernel))  # its one product opens slot 0 for its 24x24 weight
     token = built.token
     with pytest.raises(RuntimeError, match="opened for a 24x24 weight"):
         ops.matmul(torch.ones(2, 5), torch.ones(5, 3), token, 0)

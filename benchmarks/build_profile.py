@@ -37,19 +37,13 @@ STEPS = {
 LOWERED = ("compile_fx.py", "fx_codegen_and_compile")
 
 
-def main(argv=None) -> int:
-    import torch
-
+def sampled_jobs(model: str, kernels: int, seed: int) -> list:
+    """(kernel, backend) for ``kernels`` random signatures of ``model``'s CPU candidates, as a search claims them."""
     from korch.backends.db import ProfileDB
-    from korch.backends.measure import KernelMeasurer, _worker
+    from korch.backends.measure import KernelMeasurer
     from korch.pipeline import candidate_kernels, load_model
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model")
-    parser.add_argument("--kernels", type=int, default=40, help="distinct candidate kernels (signatures) to build")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    _, graph, _ = load_model(args.model)
+    _, graph, _ = load_model(model)
     candidates = candidate_kernels(graph, "cpu", "measured")
     measurer = KernelMeasurer(graph, candidates.candidates, [0.0] * len(candidates.candidates), target="cpu",
                               db=ProfileDB(None), jobs=1)
@@ -57,11 +51,25 @@ def main(argv=None) -> int:
     for c in candidates.candidates:
         first.setdefault(c.signature, c.id)
     signatures = sorted(first)
-    random.Random(args.seed).shuffle(signatures)
+    random.Random(seed).shuffle(signatures)
     jobs = []
-    for signature in signatures[:args.kernels]:
+    for signature in signatures[:kernels]:
         kernel, backends = measurer._claimed(signature, first[signature])
-        jobs += [(kernel, b.name) for b in backends]
+        jobs += [(kernel, b) for b in backends]
+    return jobs
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from korch.backends.measure import _worker
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--kernels", type=int, default=40, help="distinct candidate kernels (signatures) to build")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    jobs = [(kernel, backend.name) for kernel, backend in sampled_jobs(args.model, args.kernels, args.seed)]
     threads = torch.get_num_threads()
     _worker("cpu", jobs[:2], "cpu", "fp32", threads)  # the worker's start: imports, the vector-ISA probe
     profile = cProfile.Profile()

@@ -335,7 +335,7 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
                        progress: Progress, compiled_unit: bool = True, how: _Check = _Check()) -> Optimized:
     from korch.runtime import unit_workers
     from korch.runtime.assemble import assemble
-    from korch.runtime.build import build_plan, recheck
+    from korch.runtime.build import build_plan, recheck, unit_steps
     from korch.runtime.selfcheck import check_against_onnxruntime, raised
     from korch.runtime.write import write_executable
 
@@ -350,23 +350,28 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
         except Exception as exc:  # an executable that raises fails its check: the steps after it apply, and the
             return raised(executable.output_names, exc)  # plan is written, not lost in a traceback
 
-    # the unit's variants compile in workers while the kernels build here (runtime/unit_workers.py)
-    started = unit_workers.start(graph, plan, device) if compiled_unit else None
-    try:
+    def built_steps():
         with stage("build"):
-            steps = build_plan(graph, plan, target, device, progress.on_build, check_kernels=False)
-        unit, unit_note, unit_choice = None, "not asked for (kernel by kernel)", {}
-        if compiled_unit:
+            return build_plan(graph, plan, target, device, progress.on_build, check_kernels=False)
+
+    unit, unit_note, unit_choice = None, "not asked for (kernel by kernel)", {}
+    if compiled_unit:
+        # the unit's variants compile in workers (runtime/unit_workers.py); its kernels are built one by one only
+        # where there is no unit or it fails its check (a unit's executable runs none of them)
+        started = unit_workers.start(graph, plan, device)
+        try:
             with stage("compile unit"):
                 unit, unit_note, unit_choice = _compile_unit(graph, plan, device, started)
-    finally:
-        if started is not None:
-            started.close()
+        finally:
+            if started is not None:
+                started.close()
+    steps = built_steps() if unit is None else unit_steps(graph, plan, target, device)
     assembled = assemble(graph, plan, steps, target=target, device=device, reference_model=result.reference,
                          unit=unit, unit_note=unit_note, unit_choice=unit_choice)
     with stage("check"):
         check = checked(assembled.executable)
         if not check.ok and unit is not None:  # the unit is wrong: the kernels alone may be right
+            steps = built_steps()
             assembled = assemble(graph, plan, steps, target=target, device=device,
                                  reference_model=result.reference, unit_note=f"the unit {check.summary()}")
             check = checked(assembled.executable)

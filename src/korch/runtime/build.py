@@ -113,6 +113,27 @@ def rebuild(kernel: Graph, backend_name: str, target: str, device: str, variant:
     return built
 
 
+@dataclasses.dataclass(frozen=True)
+class UnitComputed:
+    """A planned kernel that the plan's compiled unit computes: not built on its own (``unit_steps``)."""
+
+    launches: int = 1
+    in_place: bool = False  # a unit returns its values (CPU)
+    source: str = ""
+
+
+def unit_steps(graph: Graph, plan: Plan, target: str, device: str) -> list[BuiltStep]:
+    """The plan's steps where its compiled unit runs them: nothing built, each named by the backend
+    ``build_plan`` would try first (the one a measured plan priced), with the launches it priced."""
+    backends = _backends(target, device)
+    steps = []
+    for planned, kernel in zip(plan.kernels, kernel_graphs(graph, plan)):
+        first = next(iter(_preference(kernel, planned, backends)), None)
+        steps.append(BuiltStep(planned, kernel, UnitComputed(launches=planned.launches),
+                               first.name if first else "torch", checked=True))
+    return steps
+
+
 def _backends(target: str, device: str) -> list[Backend]:
     return [b for b in backends_for(target) if b.supports_device(device)]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import json
 import pstats
 import random
@@ -57,6 +58,25 @@ def sampled_jobs(model: str, kernels: int, seed: int) -> list:
         kernel, backends = measurer._claimed(signature, first[signature])
         jobs += [(kernel, b) for b in backends]
     return jobs
+
+
+def checked_jobs(jobs: list) -> list:
+    """(checked, kernel, backend) for each of ``sampled_jobs``'s, built and checked as a build worker does (on
+    the heap a worker keeps)."""
+    from korch import heap
+    from korch.backends.measure import _build_and_check
+
+    heap.keep_freed_memory()
+    return [(_build_and_check(backend, kernel, "cpu"), kernel, backend) for kernel, backend in jobs]
+
+
+def retimed(checked, kernel, backend, arena) -> float:
+    """A checked kernel's latency timed again as the measured search times it (``measure._time_checked``)."""
+    from korch.backends.measure import _time_checked
+
+    again = dataclasses.replace(checked, latency_s=None)
+    _time_checked(again, kernel, backend, arena, "cpu")
+    return again.latency_s if again.latency_s is not None else float("nan")
 
 
 def main(argv=None) -> int:

@@ -13,7 +13,6 @@ every price).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -25,12 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def main(argv=None) -> int:
     import numpy as np
 
-    from build_profile import sampled_jobs
-    from korch import bench, heap
-    from korch.backends import timing
+    from build_profile import checked_jobs, retimed, sampled_jobs
+    from korch import bench
+    from korch.backends import measure, timing
     from korch.backends.check import RandomArena
-    from korch.backends import measure
-    from korch.backends.measure import _build_and_check, _time_checked
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -39,11 +36,8 @@ def main(argv=None) -> int:
     parser.add_argument("--settle", default="off,0.02,0.01")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    heap.keep_freed_memory()  # as a build worker does
     settings = [None if s == "off" else float(s) for s in args.settle.split(",")]
-    built = [(_build_and_check(backend, kernel, "cpu"), kernel, backend)
-             for kernel, backend in sampled_jobs(args.model, args.kernels, args.seed)]
-    built = [b for b in built if b[0].status == "ok"]
+    built = [b for b in checked_jobs(sampled_jobs(args.model, args.kernels, args.seed)) if b[0].status == "ok"]
     arena, current = RandomArena("cpu"), {}
     latency = {s: ([], []) for s in settings}
     runs, spent = {s: [] for s in settings}, {s: 0.0 for s in settings}
@@ -58,11 +52,9 @@ def main(argv=None) -> int:
         for round_ in range(2):
             for setting in settings:
                 current["setting"] = setting
-                again = dataclasses.replace(checked, latency_s=None)
                 started = time.perf_counter()
-                _time_checked(again, kernel, backend, arena, "cpu")
+                latency[setting][round_].append(retimed(checked, kernel, backend, arena))
                 spent[setting] += time.perf_counter() - started
-                latency[setting][round_].append(again.latency_s)
     rows, first = [], np.array(latency[settings[0]][0] + latency[settings[0]][1])
     for setting in settings:
         a, b = (np.array(x) for x in latency[setting])

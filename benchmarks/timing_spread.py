@@ -11,7 +11,6 @@ the kernels' latencies less its median (the host's drift between the two passes)
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -22,10 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def main(argv=None) -> int:
     import numpy as np
 
-    from build_profile import sampled_jobs
-    from korch import bench, heap
+    from build_profile import checked_jobs, retimed, sampled_jobs
+    from korch import bench
     from korch.backends.check import RandomArena
-    from korch.backends.measure import _build_and_check, _time_checked
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -33,17 +31,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    heap.keep_freed_memory()  # as a build worker does
     jobs = sampled_jobs(args.model, args.kernels, args.seed)
-    builds = {name: [(_build_and_check(b, k, "cpu"), k, b) for k, b in jobs] for name in "AB"}
+    builds = {name: checked_jobs(jobs) for name in "AB"}
 
     def timed(name: str, arena) -> np.ndarray:
-        latencies = []
-        for checked, kernel, backend in builds[name]:
-            again = dataclasses.replace(checked, latency_s=None)
-            _time_checked(again, kernel, backend, arena, "cpu")
-            latencies.append(again.latency_s if again.latency_s is not None else np.nan)
-        return np.array(latencies, dtype=float)
+        return np.array([retimed(*built, arena) for built in builds[name]], dtype=float)
 
     arenas = {"A": RandomArena("cpu"), "B": RandomArena("cpu")}
     passes = {"A1": timed("A", arenas["A"]), "B1": timed("B", arenas["B"]), "A2": timed("A", arenas["A"]),

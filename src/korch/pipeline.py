@@ -315,25 +315,28 @@ def _conversion_cost(graph, device, measurer):
     return cost
 
 
-def _compile_unit(graph, plan, device: str, started=None) -> tuple[bytes | None, str, dict]:
+def _compile_unit(graph, plan, device: str) -> tuple[bytes | None, str, dict]:
     """The plan as one compiled unit (the faster of its variants, and what was measured), or None and why
-    not (a unit that fails to compile is not fatal); ``started``: its own variants compiling in workers
-    (``unit_workers.start``)."""
-    from korch.runtime import unit
+    not (a unit that fails to compile is not fatal). Its own variants compile in workers where the plan is
+    large enough (``unit_workers.start``)."""
+    from korch.runtime import unit, unit_workers
 
     reason = unit.supports(graph, device)
     if reason:
         return None, reason, {}
+    started = unit_workers.start(graph, plan, device)
     try:
         data, choice = unit.choose_unit(graph, plan, device, compiled=started.compiled() if started else None)
         return data, "", choice
     except Exception as exc:  # Inductor's failures are many: the kernel-by-kernel executable still runs
         return None, f"AOTInductor failed: {one_line(exc)}", {}
+    finally:
+        if started is not None:
+            started.close()
 
 
 def _build_check_write(result: Optimized, target: str, device: str, output: Path, stage: _Stages,
                        progress: Progress, compiled_unit: bool = True, how: _Check = _Check()) -> Optimized:
-    from korch.runtime import unit_workers
     from korch.runtime.assemble import assemble
     from korch.runtime.build import build_plan, recheck, unit_steps
     from korch.runtime.selfcheck import check_against_onnxruntime, raised
@@ -356,15 +359,9 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
 
     unit, unit_note, unit_choice = None, "not asked for (kernel by kernel)", {}
     if compiled_unit:
-        # the unit's variants compile in workers (runtime/unit_workers.py); its kernels are built one by one only
-        # where there is no unit or it fails its check (a unit's executable runs none of them)
-        started = unit_workers.start(graph, plan, device)
-        try:
-            with stage("compile unit"):
-                unit, unit_note, unit_choice = _compile_unit(graph, plan, device, started)
-        finally:
-            if started is not None:
-                started.close()
+        with stage("compile unit"):
+            unit, unit_note, unit_choice = _compile_unit(graph, plan, device)
+    # the kernels are built one by one only where there is no unit or it fails its check: a unit runs none of them
     steps = built_steps() if unit is None else unit_steps(graph, plan, target, device)
     assembled = assemble(graph, plan, steps, target=target, device=device, reference_model=result.reference,
                          unit=unit, unit_note=unit_note, unit_choice=unit_choice)

@@ -23,7 +23,7 @@ from korch.ir.interpret import as_torch
 from korch.ir.ops import Op
 from korch.orchestrate.plan import Plan
 from korch.runtime import bundle
-from korch.runtime.build import BuiltStep, UnitComputed
+from korch.runtime.build import BuiltStep
 from korch.runtime.codegen import Layout, launch_module, plan_layout
 from korch.runtime.executable import Executable
 from korch.runtime.unit import UNIT_FILE, CompiledUnit, library_files, unit_manifest
@@ -85,7 +85,7 @@ def assemble(graph: Graph, plan: Plan, steps: Sequence[BuiltStep], *, target: st
         files[UNIT_FILE] = unit
         files.update(library_files(unit_choice or {}))
     no_cuda_graph = _why_no_cuda_graph([s.kernel for s in steps], device)
-    built = [s.built for s in steps if not isinstance(s.built, UnitComputed)]  # none where the unit computes them
+    built = [] if unit is not None else [s.built for s in steps]  # a unit computes every kernel itself
     executable = Executable(module_from_source(source), built, constant_outputs(graph, device),
                             device, use_cuda_graph=no_cuda_graph is None,
                             unit=None if unit is None else CompiledUnit.from_bytes(unit))

@@ -1,14 +1,12 @@
-"""A plan's compiled units compiling in worker processes while this process builds the plan's kernels.
+"""A plan's compiled units compiling in worker processes, one variant each.
 
-``korch optimize`` builds each planned kernel (the kernel-by-kernel executable, the fallback of a unit that fails
-its check), then ``choose_unit`` compiles the unit in each of its own variants, one after the other: Candy's
-measured plan on the 2-core Xeon spent 25.7 s on the kernels and 25.5 s on each of two units, all of it on one
-core. ``start`` submits every own variant's ``compile_unit`` to spawned workers (``korch.workers``: they die with
-this process) before the kernels are built; ``Started.compiled`` hands ``choose_unit`` each package as its worker
-finishes it. Only a plan of ``MIN_KERNELS`` or more starts workers: a worker's start (torch's and Inductor's
-imports, 3-5 s of a core) is most of a small plan's compile. A worker compiles as this process would: its
-configuration, precision policy and torch thread count (Inductor writes the thread count into a CPU kernel's
-loops), so a variant's package is the one compiled here.
+``choose_unit`` compiles the unit in each of its own variants; one after the other, Candy's measured plan on the
+2-core Xeon spent 25.5 s on each of two units, on one core. ``start`` submits every own variant's
+``compile_unit`` to spawned workers (``korch.workers``: they die with this process); ``Started.compiled`` hands
+``choose_unit`` each package as its worker finishes it. Only a plan of ``MIN_KERNELS`` or more starts workers: a
+worker's start (torch's and Inductor's imports, 3-5 s of a core) is most of a small plan's compile. A worker
+compiles as this process would: its configuration, precision policy and torch thread count (Inductor writes the
+thread count into a CPU kernel's loops), so a variant's package is the one compiled here.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ import torch
 
 from korch import config, precision, workers
 from korch.backends import ort_gemm
-from korch.errors import KorchError
+from korch.errors import KorchError, one_line
 from korch.ir.graph import Graph
 from korch.orchestrate.plan import Plan
 
@@ -50,12 +48,12 @@ class Started:
 
 def start(graph: Graph, plan: Plan, device: str, jobs: int | None = None,
           min_kernels: int = MIN_KERNELS) -> Started | None:
-    """Every own variant of ``plan``'s unit compiling in a worker of its own (at most ``jobs``, default the
-    cores), or None where there is no unit to compile, only one variant or fewer than ``min_kernels`` kernels
+    """Every own variant of ``plan``'s unit (one ``unit.supports``) compiling in a worker of its own (at most
+    ``jobs``, default the cores), or None where there is only one variant or fewer than ``min_kernels`` kernels
     (it compiles here)."""
     from korch.runtime import unit
 
-    if unit.supports(graph, device) or len(plan.kernels) < min_kernels:
+    if len(plan.kernels) < min_kernels:
         return None
     variants = unit.own_variants(graph, plan)
     if len(variants) < 2:
@@ -77,7 +75,6 @@ def _settings() -> dict:
 def _compile(settings: dict, graph: Graph, plan: Plan, device: str, variant) -> bytes | str:
     """In a worker: the variant's package, or its compile's error as one line (Inductor's exceptions need not
     pickle)."""
-    from korch.errors import one_line
     from korch.runtime.unit import compile_unit
 
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # the workers are the parallelism

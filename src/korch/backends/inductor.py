@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from korch.backends import kernel_store
 from korch.backends.base import BuildError, stored_as
 from korch.backends.check import random_inputs
 from korch.backends.freezing import as_buffers, frozen_compile
@@ -101,23 +102,40 @@ def _cacheable(examples: Sequence[torch.Tensor]) -> Iterator[list[torch.Tensor]]
 
 class InductorKernel:
     backend = "inductor"
+    pointwise_products = True  # kernel_function's choice for a product of a 1x1 convolution
 
     def __init__(self, kernel: Graph, device: str, function=None):
         """``kernel`` compiled for ``device``; ``function`` computes it (``kernel_function``'s by default). Each
-        input and output is stored in its tensor's layout (``stored_as``), and must be passed so."""
-        from torch._inductor.compile_fx import compile_fx
-        from torch._inductor.utils import run_and_get_code
-        from torch.fx.experimental.proxy_tensor import make_fx
-
+        input and output is stored in its tensor's layout (``stored_as``), and must be passed so. A CPU kernel
+        computed by the default function is kept in korch's kernel store and loaded from it when built again."""
         self._outputs = [kernel.tensors[name] for name in kernel.outputs]
         self._input_layouts = [kernel.tensors[name].layout for name in kernel.inputs]
         self.device = device
         self.in_place = device != "cpu"  # writes out= buffers on a GPU; returns its outputs on a CPU
+        stored = kernel_store.key(kernel, self.backend, VERSION) \
+            if not self.in_place and function is None and kernel_store.enabled() else None
+        kept = stored and kernel_store.load(stored)
+        if kept:
+            self.fn, self.source, self.launches = kept
+            return
+        modules = kernel_store.modules_loaded()
+        with kernel_store.recorded_packs() as packed:
+            self._compile(kernel, function)
+        module = kernel_store.new_module(modules)
+        if stored and module is not None:
+            kernel_store.save(stored, module, self.source, self.launches, packed)
+
+    def _compile(self, kernel: Graph, function) -> None:
+        from torch._inductor.compile_fx import compile_fx
+        from torch._inductor.utils import run_and_get_code
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        device = self.device
         examples = [stored_as(x.to(device), kernel.tensors[name].layout)
                     for x, name in zip(random_inputs(kernel), kernel.inputs)]
         examples += self._allocate() if self.in_place else []
         try:
-            function = function or kernel_function(kernel, device)
+            function = function or kernel_function(kernel, device, pointwise_products=self.pointwise_products)
             traced = _writing_outputs(function, len(kernel.inputs)) if self.in_place else \
                 _returning_outputs(function, [t.layout for t in self._outputs])
             # traced on fake tensors: nothing computed (a Candy kernel: 11 ms against 66 ms traced on real ones);
@@ -173,9 +191,7 @@ class InductorBackend:
 
 class LibraryConvKernel(InductorKernel):
     backend = "inductor-libconv"
-
-    def __init__(self, kernel: Graph, device: str):
-        super().__init__(kernel, device, kernel_function(kernel, device, pointwise_products=False))
+    pointwise_products = False
 
 
 class LibraryConvBackend(InductorBackend):

@@ -1,0 +1,195 @@
+"""Inductor's CPU kernels kept by korch: a kernel built once is loaded, not compiled, by any later build.
+
+A measured search builds each candidate kernel through Inductor's ``compile_fx`` (``inductor.py``). With
+Inductor's own caches warm, that path still traces the kernel again (AOT autograd), freezes its constants,
+packs its weights and hashes the frozen graph to find its cached code: 0.2 s of a Candy kernel's 0.28 s build,
+most of a warm search's builds. What the path ends with is small: the generated Python module (its
+``call(args)`` and the C++ it loads from Inductor's cache) and the constants the freeze bound to it (the
+kernel's weights, folded and packed). The store keeps those two under a digest of everything the kernel's
+code follows from (``key``): the kernel's graph and constants, the backend and its version, the source of the
+korch modules that write it, torch's version, the vector ISA, the torch thread count and Inductor's
+environment. A later build with the same digest loads the module with its constants and calls it
+directly.
+
+A constant oneDNN packed (a convolution's or a product's weight, an opaque tensor that cannot be saved) is kept as
+the call that packed it (``recorded_packs``: the packing op and its arguments, the plain weight among them) and
+packed again at load. Only what Inductor's own wrapper would return unchanged is kept (one generated module,
+constants that are plain CPU tensors or packed so); everything else builds as before. Entries are written whole (``fsutil``) beside Inductor's
+caches, so removing that directory removes both; a build from an entry compiles whatever C++ the cache lost.
+A kernel from the store is checked against the reference executor as every built kernel is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from korch import precision
+from korch.fsutil import atomic_write_bytes
+from korch.ir.graph import Graph
+
+STORE_DIR = "korch-kernels"  # under Inductor's cache directory
+_SOURCES = ("backends", "ir")  # korch's packages whose code decides a kernel's generated code
+_ENV_IGNORED = {"TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_CACHE_DIR"}
+# oneDNN's packing ops that freezing folds into a kernel's constants (mkldnn_fusion's weight-pack pass)
+_PACKS = ("_reorder_convolution_weight", "_reorder_convolution_transpose_weight", "_reorder_linear_weight")
+
+
+@functools.lru_cache(maxsize=1)
+def _process_part() -> str:
+    """What every kernel's digest shares in this process: korch's code, torch, the vector ISA, Inductor's
+    environment."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parent.parent
+    for package in _SOURCES:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    environment = sorted((k, v) for k, v in os.environ.items()
+                         if k.startswith("TORCHINDUCTOR_") and k not in _ENV_IGNORED)
+    digest.update(json.dumps([torch.__version__, str(pick_vec_isa()), environment]).encode())
+    return digest.hexdigest()
+
+
+def enabled() -> bool:
+    """Whether builds use the store: not where Inductor's caches are turned off (``force_disable_caches``)."""
+    from torch._inductor import config as inductor_config
+
+    return not inductor_config.force_disable_caches
+
+
+def key(kernel: Graph, backend: str, version: str) -> str:
+    """The digest a kernel's entry is kept under: its graph and constants, ``backend`` at ``version``, this
+    process's part (``_process_part``), its torch thread count (written into parallel loops) and precision."""
+    from korch.ir.serialize import to_json
+
+    structure = to_json(kernel)
+    constants = structure.pop("constants")
+    digest = hashlib.sha256(json.dumps(
+        [structure, sorted(constants), backend, version, _process_part(), torch.get_num_threads(),
+         precision.current().name]).encode())
+    for name in sorted(kernel.constants):
+        digest.update(kernel.constants[name].tobytes())
+    return digest.hexdigest()
+
+
+def _path(entry_key: str) -> Path:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / STORE_DIR / entry_key[:2] / f"{entry_key}.pt"
+
+
+def modules_loaded() -> int:
+    """How many generated modules this process has loaded: ``new_module`` finds those loaded since."""
+    from torch._inductor.codecache import PyCodeCache
+
+    return len(PyCodeCache.modules)
+
+
+def new_module(since: int):
+    """The one generated module with a ``call`` loaded since ``modules_loaded()`` returned ``since``, or None."""
+    from torch._inductor.codecache import PyCodeCache
+
+    loaded = [m for m in PyCodeCache.modules[since:] if callable(getattr(m, "call", None))]
+    return loaded[0] if len(loaded) == 1 else None
+
+
+class _RecordingOps:
+    """``torch.ops.mkldnn`` as ``mkldnn_fusion`` sees it while packs are recorded: its packing ops list each
+    weight they pack, every other op is the namespace's."""
+
+    def __init__(self, namespace, packed: list):
+        self._namespace, self._packed = namespace, packed
+
+    def __getattr__(self, name: str):
+        op = getattr(self._namespace, name)
+        if name not in _PACKS:
+            return op
+
+        def pack(*args):
+            result = op(*args)
+            self._packed.append((result, name, args))
+            return result
+        return pack
+
+
+@contextlib.contextmanager
+def recorded_packs() -> Iterator[list[tuple[torch.Tensor, str, tuple]]]:
+    """While active, each weight freezing packs for oneDNN is listed as (the packed tensor, the packing op's name,
+    its arguments): the weight-pack pass (``mkldnn_fusion``) puts the op it finds in its module's ``mkldnn`` into
+    the graph, and freezing's constant folding calls it."""
+    from torch._inductor.fx_passes import mkldnn_fusion
+
+    packed: list[tuple[torch.Tensor, str, tuple]] = []
+    namespace = getattr(mkldnn_fusion, "mkldnn", None)  # absent without oneDNN
+    if namespace is None:
+        yield packed
+        return
+    mkldnn_fusion.mkldnn = _RecordingOps(namespace, packed)
+    try:
+        yield packed
+    finally:
+        mkldnn_fusion.mkldnn = namespace
+
+
+def _plain(value):
+    """``value`` with FX's immutable lists as plain ones (what a weights-only load reads back)."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def save(entry_key: str, module, source: str, launches: int, packed: list[tuple[torch.Tensor, str, tuple]]) -> bool:
+    """Keep ``module`` (Inductor's, for ``source``) with its constants under ``entry_key``, each packed one as
+    the call in ``packed`` that made it; False (nothing written) where a constant is neither a plain CPU tensor
+    nor packed there."""
+    constants, packs = {}, {}
+    for name, value in vars(module).items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.is_mkldnn:
+            made = [(op, args) for result, op, args in packed if result is value]
+            if not made:
+                return False
+            op, args = made[0]
+            packs[name] = (op, _plain(args))
+        elif value.layout != torch.strided or value.device.type != "cpu":
+            return False
+        else:
+            constants[name] = value
+    buffer = io.BytesIO()
+    torch.save({"source": source, "constants": constants, "packs": packs, "launches": launches}, buffer)
+    atomic_write_bytes(_path(entry_key), buffer.getvalue())
+    return True
+
+
+def load(entry_key: str) -> tuple[Callable, str, int] | None:
+    """(the kernel's function of its inputs, its generated source, its launches) kept under ``entry_key``, or
+    None where there is no such entry, or it cannot be read."""
+    from torch._inductor.codecache import PyCodeCache
+
+    path = _path(entry_key)
+    if not path.exists():
+        return None
+    try:
+        entry = torch.load(path, weights_only=True)
+        constants = {**entry["constants"],
+                     **{name: getattr(torch.ops.mkldnn, op)(*args) for name, (op, args) in entry["packs"].items()}}
+        module_key, module_path = PyCodeCache.write(entry["source"])
+        # attributes given: a module of its own, not one another kernel with the same code shares
+        module = PyCodeCache.load_by_key_path(module_key, module_path, attrs=constants)
+    except Exception:  # a damaged entry is rebuilt (and written again), not an error
+        return None
+    call = module.call
+    return (lambda *inputs: call(list(inputs))), entry["source"], int(entry["launches"])

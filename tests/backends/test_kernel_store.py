@@ -1,0 +1,95 @@
+"""korch's store of Inductor's CPU kernels (``backends/kernel_store.py``): a kernel built again is loaded, not
+compiled, computes what it computed, and is never another kernel's."""
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+from korch.backends import kernel_store
+from korch.backends.check import random_inputs
+from korch.backends.inductor import InductorKernel
+from tests.backends.kernels import check_built, kernel
+
+
+def _conv_kernel(rng):
+    """A 3x3 convolution and its ReLU: freezing packs the weight for oneDNN (an opaque tensor)."""
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    return kernel([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                   helper.make_node("Relu", ["c"], ["y"])],
+                  {"x": (1, 8, 20, 20)}, {"y": (1, 16, 20, 20)}, {"w": w, "b": b})
+
+
+def _product_kernel(rng):
+    """A product with a constant weight and its bias: the weight packed for oneDNN's product."""
+    w = rng.standard_normal((64, 48)).astype(np.float32)
+    b = rng.standard_normal(48).astype(np.float32)
+    return kernel([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])],
+                  {"x": (32, 64)}, {"y": (32, 48)}, {"w": w, "b": b})
+
+
+def _counting_compiles(monkeypatch) -> list:
+    compiles = []
+    compile_ = InductorKernel._compile
+    monkeypatch.setattr(InductorKernel, "_compile", lambda self, *a: compiles.append(a) or compile_(self, *a))
+    return compiles
+
+
+@pytest.mark.parametrize("make", [_conv_kernel, _product_kernel])
+def test_a_kernel_built_again_is_loaded_from_the_store_and_computes_the_same(monkeypatch, make):
+    graph = make(np.random.default_rng())  # weights no earlier run stored
+    compiles = _counting_compiles(monkeypatch)
+    first = InductorKernel(graph, "cpu")
+    assert len(compiles) == 1
+    again = InductorKernel(graph, "cpu")
+    assert len(compiles) == 1  # loaded: nothing traced, frozen or looked up in Inductor's caches
+    assert again.source == first.source and again.launches == first.launches
+    inputs = random_inputs(graph, seed=3)
+    for a, b in zip(first(*inputs), again(*inputs)):
+        assert torch.equal(a, b)
+    check_built(again, graph)
+
+
+def test_a_kernel_of_other_weights_or_threads_is_kept_apart():
+    rng = np.random.default_rng()
+    graph, other = _conv_kernel(rng), _conv_kernel(rng)
+    key = kernel_store.key(graph, "inductor", "v")
+    assert kernel_store.key(other, "inductor", "v") != key  # same structure, other weights
+    assert kernel_store.key(graph, "inductor-libconv", "v") != key
+    assert kernel_store.key(graph, "inductor", "w") != key
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)  # Inductor writes the thread count into parallel loops
+    try:
+        assert kernel_store.key(graph, "inductor", "v") != key
+    finally:
+        torch.set_num_threads(threads)
+    assert kernel_store.key(graph, "inductor", "v") == key
+
+
+def test_a_damaged_entry_is_built_again_and_written_whole(monkeypatch):
+    from korch.backends.inductor import VERSION
+
+    graph = _conv_kernel(np.random.default_rng())
+    InductorKernel(graph, "cpu")
+    path = kernel_store._path(kernel_store.key(graph, "inductor", VERSION))
+    path.write_bytes(path.read_bytes()[:100])  # cut short, as a full disk might leave it
+    compiles = _counting_compiles(monkeypatch)
+    check_built(InductorKernel(graph, "cpu"), graph)
+    assert len(compiles) == 1
+    assert kernel_store.load(kernel_store.key(graph, "inductor", VERSION)) is not None
+
+
+def test_nothing_is_stored_or_loaded_where_inductors_caches_are_off(monkeypatch):
+    from torch._inductor import config as inductor_config
+
+    graph = _product_kernel(np.random.default_rng())
+    compiles = _counting_compiles(monkeypatch)
+    with inductor_config.patch(force_disable_caches=True):
+        InductorKernel(graph, "cpu")
+        InductorKernel(graph, "cpu")
+    assert len(compiles) == 2
+    from korch.backends.inductor import VERSION
+
+    assert not kernel_store._path(kernel_store.key(graph, "inductor", VERSION)).exists()

@@ -1,5 +1,5 @@
 """korch's store of Inductor's CPU kernels (``backends/kernel_store.py``): a kernel built again is loaded, not
-compiled, computes what it computed, and is never another kernel's."""
+compiled, computes what it computed, and is never another kernel's (the MLAS backend's included)."""
 
 import numpy as np
 import onnx
@@ -52,6 +52,22 @@ def test_a_kernel_built_again_is_loaded_from_the_store_and_computes_the_same(mon
     check_built(again, graph)
 
 
+def test_an_mlas_kernel_from_the_store_opens_sessions_of_its_own(monkeypatch):
+    """The MLAS backend's code names a token its operators open their sessions by: a kernel loaded from the store
+    names the token it drew, so two kernels alive at once do not share a session."""
+    from korch.backends.mlas import MlasKernel
+
+    graph = _product_kernel(np.random.default_rng())
+    compiles = _counting_compiles(monkeypatch)
+    first, again = MlasKernel(graph, "cpu"), MlasKernel(graph, "cpu")
+    assert len(compiles) == 1
+    assert first.token != again.token and str(again.token) in again.source and str(first.token) not in again.source
+    inputs = random_inputs(graph, seed=3)
+    for a, b in zip(first(*inputs), again(*inputs)):
+        assert torch.equal(a, b)
+    check_built(again, graph)
+
+
 def test_a_kernel_of_other_weights_or_threads_is_kept_apart():
     rng = np.random.default_rng()
     graph, other = _conv_kernel(rng), _conv_kernel(rng)
@@ -79,6 +95,41 @@ def test_a_damaged_entry_is_built_again_and_written_whole(monkeypatch):
     check_built(InductorKernel(graph, "cpu"), graph)
     assert len(compiles) == 1
     assert kernel_store.load(kernel_store.key(graph, "inductor", VERSION)) is not None
+
+
+def test_a_weight_is_kept_once_for_every_kernel_that_reads_it(monkeypatch):
+    """Two kernels of one weight (a product alone, and with its bias) share the weight's blob; a damaged blob is
+    written again by the build that finds it damaged."""
+    from korch.backends.inductor import VERSION
+
+    rng = np.random.default_rng()
+    w = rng.standard_normal((64, 48)).astype(np.float32)
+    alone = kernel([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": (32, 64)}, {"y": (32, 48)}, {"w": w})
+    biased = kernel([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])],
+                    {"x": (32, 64)}, {"y": (32, 48)}, {"w": w, "b": np.ones(48, np.float32)})
+
+    def blobs(graph) -> set[str]:
+        entry = torch.load(kernel_store._path(kernel_store.key(graph, "inductor", VERSION)), weights_only=True)
+        found = set()
+
+        def walk(value):
+            if isinstance(value, dict) and set(value) == {"blob"}:
+                found.add(value["blob"])
+            elif isinstance(value, (list, tuple, dict)):
+                for v in (value.values() if isinstance(value, dict) else value):
+                    walk(v)
+        walk([entry["constants"], entry["packs"]])
+        return found
+
+    InductorKernel(alone, "cpu"), InductorKernel(biased, "cpu")
+    shared = blobs(alone) & blobs(biased)
+    assert shared  # the weight, kept once
+    for name in shared:
+        kernel_store._path(name, kernel_store.BLOBS).write_bytes(b"damaged")
+    compiles = _counting_compiles(monkeypatch)
+    check_built(InductorKernel(alone, "cpu"), alone)  # built again, and its blobs kept again
+    check_built(InductorKernel(alone, "cpu"), alone)
+    assert len(compiles) == 1
 
 
 def test_nothing_is_stored_or_loaded_where_inductors_caches_are_off(monkeypatch):

@@ -103,18 +103,20 @@ def _cacheable(examples: Sequence[torch.Tensor]) -> Iterator[list[torch.Tensor]]
 class InductorKernel:
     backend = "inductor"
     pointwise_products = True  # kernel_function's choice for a product of a 1x1 convolution
+    token: int | None = None  # a number the kernel's code names that each build draws afresh (mlas.py)
 
     def __init__(self, kernel: Graph, device: str, function=None):
         """``kernel`` compiled for ``device``; ``function`` computes it (``kernel_function``'s by default). Each
         input and output is stored in its tensor's layout (``stored_as``), and must be passed so. A CPU kernel
-        computed by the default function is kept in korch's kernel store and loaded from it when built again."""
+        computed by its backend's function (``_function``) is kept in korch's kernel store and loaded from it
+        when built again."""
         self._outputs = [kernel.tensors[name] for name in kernel.outputs]
         self._input_layouts = [kernel.tensors[name].layout for name in kernel.inputs]
         self.device = device
         self.in_place = device != "cpu"  # writes out= buffers on a GPU; returns its outputs on a CPU
         stored = kernel_store.key(kernel, self.backend, VERSION) \
             if not self.in_place and function is None and kernel_store.enabled() else None
-        kept = stored and kernel_store.load(stored)
+        kept = stored and kernel_store.load(stored, self.token)
         if kept:
             self.fn, self.source, self.launches = kept
             return
@@ -123,7 +125,7 @@ class InductorKernel:
             self._compile(kernel, function)
         module = kernel_store.new_module(modules)
         if stored and module is not None:
-            kernel_store.save(stored, module, self.source, self.launches, packed)
+            kernel_store.save(stored, module, self.source, self.launches, packed, self.token)
 
     def _compile(self, kernel: Graph, function) -> None:
         from torch._inductor.compile_fx import compile_fx
@@ -135,7 +137,7 @@ class InductorKernel:
                     for x, name in zip(random_inputs(kernel), kernel.inputs)]
         examples += self._allocate() if self.in_place else []
         try:
-            function = function or kernel_function(kernel, device, pointwise_products=self.pointwise_products)
+            function = function or self._function(kernel)
             traced = _writing_outputs(function, len(kernel.inputs)) if self.in_place else \
                 _returning_outputs(function, [t.layout for t in self._outputs])
             # traced on fake tensors: nothing computed (a Candy kernel: 11 ms against 66 ms traced on real ones);
@@ -152,6 +154,10 @@ class InductorKernel:
             raise BuildError(f"{self.backend}: {one_line(exc)}") from exc
         self.source = "\n".join(codes)
         self.launches = sum(count_launches(code) for code in codes)
+
+    def _function(self, kernel: Graph):
+        """The torch function this backend compiles for ``kernel``."""
+        return kernel_function(kernel, self.device, pointwise_products=self.pointwise_products)
 
     def _allocate(self) -> list[torch.Tensor]:
         return [stored_as(torch.empty(t.shape, dtype=dtypes.torch_dtype(t.dtype), device=self.device), t.layout)

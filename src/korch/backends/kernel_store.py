@@ -11,17 +11,21 @@ korch modules that write it, torch's version, the vector ISA, the torch thread c
 environment. A later build with the same digest loads the module with its constants and calls it
 directly.
 
-A constant oneDNN packed (a convolution's or a product's weight, an opaque tensor that cannot be saved) is kept as
-the call that packed it (``recorded_packs``: the packing op and its arguments, the plain weight among them) and
-packed again at load. Only what Inductor's own wrapper would return unchanged is kept (one generated module,
-constants that are plain CPU tensors or packed so); everything else builds as before. Entries are written whole (``fsutil``) beside Inductor's
-caches, so removing that directory removes both; a build from an entry compiles whatever C++ the cache lost.
-A kernel from the store is checked against the reference executor as every built kernel is.
+A constant oneDNN packed (a convolution's or a product's weight, an opaque tensor that cannot be saved) is kept
+as the call that packed it (``recorded_packs``: the packing op and its arguments, the plain weight among them)
+and packed again at load; a tensor is kept once, under the digest of its values, for every entry that names it.
+An MLAS kernel's code names the random token its operators open their sessions by (``mlas.py``): a load renames
+it to the token the new build drew. Only what Inductor's own wrapper would return unchanged is kept (one
+generated module, constants that are plain CPU tensors or packed so); everything else builds as before. Entries
+are written whole (``fsutil``) beside Inductor's caches, so removing that directory removes both; a build from an
+entry compiles whatever C++ the cache lost. A kernel from the store is checked against the reference executor as
+every built kernel is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import io
@@ -30,6 +34,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from korch import precision
@@ -37,6 +42,7 @@ from korch.fsutil import atomic_write_bytes
 from korch.ir.graph import Graph
 
 STORE_DIR = "korch-kernels"  # under Inductor's cache directory
+ENTRIES, BLOBS = "entries", "blobs"  # a kernel's entry; a constant's values, kept once for every entry naming them
 _SOURCES = ("backends", "ir")  # korch's packages whose code decides a kernel's generated code
 _ENV_IGNORED = {"TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_CACHE_DIR"}
 # oneDNN's packing ops that freezing folds into a kernel's constants (mkldnn_fusion's weight-pack pass)
@@ -72,20 +78,19 @@ def key(kernel: Graph, backend: str, version: str) -> str:
     process's part (``_process_part``), its torch thread count (written into parallel loops) and precision."""
     from korch.ir.serialize import to_json
 
-    structure = to_json(kernel)
-    constants = structure.pop("constants")
+    structure = to_json(dataclasses.replace(kernel, constants={}))  # the constants' bytes are hashed as they are
     digest = hashlib.sha256(json.dumps(
-        [structure, sorted(constants), backend, version, _process_part(), torch.get_num_threads(),
+        [structure, sorted(kernel.constants), backend, version, _process_part(), torch.get_num_threads(),
          precision.current().name]).encode())
     for name in sorted(kernel.constants):
-        digest.update(kernel.constants[name].tobytes())
+        digest.update(np.ascontiguousarray(kernel.constants[name]).data)
     return digest.hexdigest()
 
 
-def _path(entry_key: str) -> Path:
+def _path(name: str, kind: str = ENTRIES) -> Path:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    return Path(cache_dir()) / STORE_DIR / entry_key[:2] / f"{entry_key}.pt"
+    return Path(cache_dir()) / STORE_DIR / kind / name[:2] / f"{name}.pt"
 
 
 def modules_loaded() -> int:
@@ -141,19 +146,54 @@ def recorded_packs() -> Iterator[list[tuple[torch.Tensor, str, tuple]]]:
         mkldnn_fusion.mkldnn = namespace
 
 
-def _plain(value):
-    """``value`` with FX's immutable lists as plain ones (what a weights-only load reads back)."""
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_plain(v) for v in value)
+def _blob(tensor: torch.Tensor) -> dict[str, str]:
+    """A reference to ``tensor`` kept once under the digest of its values: a model's weight is a constant of
+    hundreds of its candidate kernels (the ViT block's store held 4 GB of copies before)."""
+    values = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    digest = hashlib.sha256(json.dumps([str(tensor.dtype), list(tensor.shape), list(tensor.stride())]).encode())
+    digest.update(values.data)
+    name = digest.hexdigest()
+    path = _path(name, BLOBS)
+    if not path.exists():
+        buffer = io.BytesIO()
+        torch.save(tensor.detach().clone(), buffer)  # a clone: a view would save all of its base's storage
+        atomic_write_bytes(path, buffer.getvalue())
+    return {"blob": name}
+
+
+def _resolved(value):
+    """``value`` with each blob reference (``_blob``) read back."""
+    if isinstance(value, dict) and set(value) == {"blob"}:
+        path = _path(value["blob"], BLOBS)
+        try:
+            return torch.load(path, weights_only=True)
+        except Exception:
+            path.unlink(missing_ok=True)  # damaged: the build that follows keeps it again
+            raise
+    if isinstance(value, (list, tuple)):
+        return type(value)(_resolved(v) for v in value)
     return value
 
 
-def save(entry_key: str, module, source: str, launches: int, packed: list[tuple[torch.Tensor, str, tuple]]) -> bool:
+def _kept(value):
+    """``value`` (dicts, lists and tuples of them) as an entry keeps it: FX's immutable lists as plain ones (what
+    a weights-only load reads back), tensors as blob references."""
+    if isinstance(value, torch.Tensor):
+        return _blob(value)
+    if isinstance(value, dict):
+        return {k: _kept(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_kept(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_kept(v) for v in value)
+    return value
+
+
+def save(entry_key: str, module, source: str, launches: int, packed: list[tuple[torch.Tensor, str, tuple]],
+         token: int | None = None) -> bool:
     """Keep ``module`` (Inductor's, for ``source``) with its constants under ``entry_key``, each packed one as
     the call in ``packed`` that made it; False (nothing written) where a constant is neither a plain CPU tensor
-    nor packed there."""
+    nor packed there. ``token``: a number ``source`` names that a load renames (``load``)."""
     constants, packs = {}, {}
     for name, value in vars(module).items():
         if not isinstance(value, torch.Tensor):
@@ -162,21 +202,23 @@ def save(entry_key: str, module, source: str, launches: int, packed: list[tuple[
             made = [(op, args) for result, op, args in packed if result is value]
             if not made:
                 return False
-            op, args = made[0]
-            packs[name] = (op, _plain(args))
+            packs[name] = made[0]
         elif value.layout != torch.strided or value.device.type != "cpu":
             return False
         else:
             constants[name] = value
+    entry = {"source": source, "constants": _kept(constants), "packs": _kept(packs), "launches": launches,
+             "token": token}
     buffer = io.BytesIO()
-    torch.save({"source": source, "constants": constants, "packs": packs, "launches": launches}, buffer)
+    torch.save(entry, buffer)
     atomic_write_bytes(_path(entry_key), buffer.getvalue())
     return True
 
 
-def load(entry_key: str) -> tuple[Callable, str, int] | None:
+def load(entry_key: str, token: int | None = None) -> tuple[Callable, str, int] | None:
     """(the kernel's function of its inputs, its generated source, its launches) kept under ``entry_key``, or
-    None where there is no such entry, or it cannot be read."""
+    None where there is no such entry, or it cannot be read. The token the kept source names, if any, is renamed
+    ``token`` (the MLAS backend's operators open their sessions by it: two kernels must not share one)."""
     from torch._inductor.codecache import PyCodeCache
 
     path = _path(entry_key)
@@ -184,12 +226,18 @@ def load(entry_key: str) -> tuple[Callable, str, int] | None:
         return None
     try:
         entry = torch.load(path, weights_only=True)
-        constants = {**entry["constants"],
-                     **{name: getattr(torch.ops.mkldnn, op)(*args) for name, (op, args) in entry["packs"].items()}}
-        module_key, module_path = PyCodeCache.write(entry["source"])
+        source = entry["source"]
+        if entry.get("token") is not None:
+            if token is None:
+                return None
+            source = source.replace(str(entry["token"]), str(token))
+        constants = {name: _resolved(value) for name, value in entry["constants"].items()}
+        constants.update({name: getattr(torch.ops.mkldnn, op)(*_resolved(args))
+                          for name, (op, args) in entry["packs"].items()})
+        module_key, module_path = PyCodeCache.write(source)
         # attributes given: a module of its own, not one another kernel with the same code shares
         module = PyCodeCache.load_by_key_path(module_key, module_path, attrs=constants)
     except Exception:  # a damaged entry is rebuilt (and written again), not an error
         return None
     call = module.call
-    return (lambda *inputs: call(list(inputs))), entry["source"], int(entry["launches"])
+    return (lambda *inputs: call(list(inputs))), source, int(entry["launches"])

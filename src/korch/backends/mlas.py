@@ -30,16 +30,20 @@ class MlasKernel(InductorKernel):
 
     def __init__(self, kernel: Graph, device: str):
         ort_gemm.open_library()
+        # keys its operator sessions; a kernel from the store has its code's token renamed to this one
+        self.token = random.getrandbits(62)
+        weakref.finalize(self, ort_gemm.ops().close_unit, self.token)
+        super().__init__(kernel, device)
+
+    def _function(self, kernel: Graph):
         kernel = dataclasses.replace(kernel, constants=dict(kernel.constants))
 
         def add_constant(name: str, value: np.ndarray) -> str:
             kernel.constants[name] = value
             return name
 
-        self.token = random.getrandbits(62)  # keys its operator sessions
-        weakref.finalize(self, ort_gemm.ops().close_unit, self.token)
         replaced = ort_steps.replacements(kernel, [[node.name for node in kernel.nodes]], self.token, add_constant)
-        super().__init__(kernel, device, kernel_function(kernel, device, replaced))
+        return kernel_function(kernel, self.device, replaced)
 
 
 class MlasBackend:

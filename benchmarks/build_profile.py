@@ -79,16 +79,21 @@ def retimed(checked, kernel, backend, arena) -> float:
     return again.latency_s if again.latency_s is not None else float("nan")
 
 
+def sampling_parser(doc: str, kernels: int, seed: int) -> argparse.ArgumentParser:
+    """The arguments of a script over ``sampled_jobs``: the model, how many signatures, the sample's seed."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--kernels", type=int, default=kernels, help="distinct candidate kernels (signatures)")
+    parser.add_argument("--seed", type=int, default=seed)
+    return parser
+
+
 def main(argv=None) -> int:
     import torch
 
     from korch.backends.measure import _worker
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model")
-    parser.add_argument("--kernels", type=int, default=40, help="distinct candidate kernels (signatures) to build")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = sampling_parser(__doc__, kernels=40, seed=0).parse_args(argv)
     jobs = [(kernel, backend.name) for kernel, backend in sampled_jobs(args.model, args.kernels, args.seed)]
     threads = torch.get_num_threads()
     _worker("cpu", jobs[:2], "cpu", "fp32", threads)  # the worker's start: imports, the vector-ISA probe

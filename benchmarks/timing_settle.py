@@ -12,7 +12,6 @@ every price).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -24,15 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def main(argv=None) -> int:
     import numpy as np
 
-    from build_profile import checked_jobs, retimed, sampled_jobs
+    from build_profile import checked_jobs, retimed, sampled_jobs, sampling_parser
     from korch import bench
     from korch.backends import measure, timing
     from korch.backends.check import RandomArena
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model")
-    parser.add_argument("--kernels", type=int, default=80)
-    parser.add_argument("--seed", type=int, default=5)
+    parser = sampling_parser(__doc__, kernels=80, seed=5)
     parser.add_argument("--settle", default="off,0.02,0.01")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)

@@ -10,7 +10,6 @@ the kernels' latencies less its median (the host's drift between the two passes)
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -21,14 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def main(argv=None) -> int:
     import numpy as np
 
-    from build_profile import checked_jobs, retimed, sampled_jobs
+    from build_profile import checked_jobs, retimed, sampled_jobs, sampling_parser
     from korch import bench
     from korch.backends.check import RandomArena
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model")
-    parser.add_argument("--kernels", type=int, default=60)
-    parser.add_argument("--seed", type=int, default=11)
+    parser = sampling_parser(__doc__, kernels=60, seed=11)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     jobs = sampled_jobs(args.model, args.kernels, args.seed)

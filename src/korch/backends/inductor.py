@@ -114,17 +114,19 @@ class InductorKernel:
         self._input_layouts = [kernel.tensors[name].layout for name in kernel.inputs]
         self.device = device
         self.in_place = device != "cpu"  # writes out= buffers on a GPU; returns its outputs on a CPU
-        stored = kernel_store.key(kernel, self.backend, VERSION) \
-            if not self.in_place and function is None and kernel_store.enabled() else None
-        kept = stored and kernel_store.load(stored, self.token)
+        if self.in_place or function is not None or not kernel_store.enabled():
+            self._compile(kernel, function)
+            return
+        stored = kernel_store.key(kernel, self.backend, VERSION)
+        kept = kernel_store.load(stored, self.token)
         if kept:
             self.fn, self.source, self.launches = kept
             return
         modules = kernel_store.modules_loaded()
         with kernel_store.recorded_packs() as packed:
-            self._compile(kernel, function)
+            self._compile(kernel, None)
         module = kernel_store.new_module(modules)
-        if stored and module is not None:
+        if module is not None:
             kernel_store.save(stored, module, self.source, self.launches, packed, self.token)
 
     def _compile(self, kernel: Graph, function) -> None:

@@ -5,8 +5,10 @@ after a loop, and ONNX Runtime ran slower once something had compiled), and a pr
 (where its pages land): so each round starts one process for korch's executable and one for ONNX Runtime on
 the OUTDIR's ``reference.onnx`` (2 threads, all graph optimisations), one after the other, the same seeded
 inputs, every OUTDIR in each round (plans of one model compare within one spell of the host); each process
-reports the median of ``--calls`` calls after a warm-up. A system's latency is the median of its rounds; the
-ratio is ONNX Runtime's over korch's, and also of the two systems' fastest rounds.
+reports the median of ``--calls`` calls after a warm-up, and the seconds it took to open the model (``korch.load``
+of the OUTDIR; ONNX Runtime's session over ``reference.onnx``; torch.compile's first call, which compiles). A
+system's latency is the median of its rounds; the ratio is ONNX Runtime's over korch's, and also of the two
+systems' fastest rounds.
 ``--compile`` adds a third process a round: torch.compile of the zoo model's module (default mode).
 
     python benchmarks/alone_ort.py OUTDIR... [--rounds 3] [--calls 300] [--compile] --out benchmarks/results/FILE.json
@@ -19,20 +21,23 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP = 20
 
 
-def _child(system: str, outdir: str, calls: int) -> float:
-    """Median seconds of one call of ``system`` ("korch", "onnxruntime" or "torch.compile") on the OUTDIR's model."""
+def _child(system: str, outdir: str, calls: int) -> dict[str, float]:
+    """Median seconds of one call of ``system`` ("korch", "onnxruntime" or "torch.compile") on the OUTDIR's model
+    (``call_s``), and seconds from its imports to the first call's result (``open_s``)."""
     sys.path.insert(0, str(ROOT / "src"))
     import korch  # noqa: F401  (first: it sets OpenMP's spinning before torch loads)
     from korch.ir.ort import input_specs
     from korch.runtime.selfcheck import seeded_inputs
     from interleaved_ort import ort_session, round_median_s  # this directory's: as the turns benchmark times
 
+    started = time.perf_counter()
     if system == "korch":
         import torch
 
@@ -62,9 +67,11 @@ def _child(system: str, outdir: str, calls: int) -> float:
 
         def call():
             session.run(None, feeds)
+    call()
+    open_s = time.perf_counter() - started
     for _ in range(WARMUP):
         call()
-    return round_median_s(call, calls)
+    return {"call_s": round_median_s(call, calls), "open_s": open_s}
 
 
 def main(argv=None) -> int:
@@ -88,12 +95,15 @@ def main(argv=None) -> int:
     rows = []
     systems = ["korch", "onnxruntime", *(["torch.compile"] if args.compile else [])]
     taken = {outdir: {system: [] for system in systems} for outdir in args.outdirs}
+    opened = {outdir: {system: [] for system in systems} for outdir in args.outdirs}
     for _ in range(args.rounds):  # a round visits every OUTDIR: plans of one model compare within a spell of the host
         for outdir in args.outdirs:
             for system in systems:
                 done = subprocess.run([sys.executable, __file__, "--child", system, outdir, "--calls", str(args.calls)],
                                       check=True, capture_output=True, text=True)
-                taken[outdir][system].append(json.loads(done.stdout.strip().splitlines()[-1]) * 1e3)
+                reported = json.loads(done.stdout.strip().splitlines()[-1])
+                taken[outdir][system].append(reported["call_s"] * 1e3)
+                opened[outdir][system].append(reported["open_s"])
     for outdir, rounds in taken.items():
         manifest = json.loads((Path(outdir) / "manifest.json").read_text())
         median = {system: statistics.median(ms) for system, ms in rounds.items()}
@@ -105,13 +115,15 @@ def main(argv=None) -> int:
                      # each system's fastest process: on a host where a process's speed is bimodal (ONNX Runtime's
                      # YOLOX-Nano 3.9 or 6.9 ms, minutes apart), the ratio of what each does in its good processes
                      "best_onnxruntime_over_korch": round(best["onnxruntime"] / best["korch"], 3),
-                     "rounds_ms": {system: [round(ms, 3) for ms in v] for system, v in rounds.items()}})
+                     "rounds_ms": {system: [round(ms, 3) for ms in v] for system, v in rounds.items()},
+                     # what a process took to open the model and return its first result: korch.load's cost
+                     "open_s": {system: round(statistics.median(v), 3) for system, v in opened[outdir].items()}})
         if args.compile:
             rows[-1].update(compile_ms=round(median["torch.compile"], 3),
                             compile_over_korch=round(median["torch.compile"] / median["korch"], 3),
                             best_compile_over_korch=round(best["torch.compile"] / best["korch"], 3))
         print(json.dumps({k: rows[-1][k] for k in ("model", "korch_ms", "onnxruntime_ms", "onnxruntime_over_korch",
-                                                   "best_onnxruntime_over_korch", "compile_over_korch")
+                                                   "best_onnxruntime_over_korch", "compile_over_korch", "open_s")
                           if k in rows[-1]}))
     bench.write_record(bench.record("korch against ONNX Runtime, each alone in fresh processes",
                                     "benchmarks/alone_ort.py", argv, rows=rows), args.out)

@@ -212,7 +212,18 @@ def _pointwise_conv_model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
-def test_a_kernels_1x1_convolution_is_measured_both_as_a_product_and_as_the_librarys_convolution():
+@pytest.fixture
+def any_size_for_the_library(monkeypatch):
+    """The library-convolution backend claims these small test kernels' convolutions (it leaves small ones to
+    korch's forms: ``test_the_library_convolution_backend_claims_only_convolutions_large_enough_to_win``)."""
+    from korch.backends import inductor
+
+    monkeypatch.setattr(inductor, "LIBRARY_POINTWISE_MIN_FLOPS", 0)
+    monkeypatch.setattr(inductor, "LIBRARY_DEPTHWISE_MIN_FLOPS", 0)
+
+
+def test_a_kernels_1x1_convolution_is_measured_both_as_a_product_and_as_the_librarys_convolution(
+        any_size_for_the_library):
     """The Inductor backend computes a 1x1 convolution as a product (no oneDNN set-up); the library-convolution
     backend builds the same kernel with oneDNN's packed convolution, its ReLU as post-op. Both match the
     reference; only kernels with a 1x1 convolution are claimed, on CPUs only."""
@@ -236,6 +247,31 @@ def test_a_kernels_1x1_convolution_is_measured_both_as_a_product_and_as_the_libr
     assert LibraryConvBackend.name in names("cpu") and LibraryConvBackend.name not in names("h100")
 
 
+@pytest.mark.parametrize("pointwise", [True, False])
+def test_the_library_convolution_backend_claims_only_convolutions_large_enough_to_win(pointwise):
+    """oneDNN's set-up decides a small convolution, so korch's form of it (a product, the taps' sum) is all that is
+    measured; from the least size on (``LIBRARY_*_MIN_FLOPS``), the library's convolution is measured beside it."""
+    from onnx import helper
+
+    from korch.backends import inductor
+    from korch.ir.analysis import node_flops
+    from korch.ir.graph import CHANNELS_LAST
+    from tests.backends.kernels import kernel
+
+    def conv_kernel(channels: int, side: int):
+        weight = (channels, channels, 1, 1) if pointwise else (channels, 1, 3, 3)
+        attrs = {} if pointwise else {"pads": [1, 1, 1, 1], "group": channels}
+        graph = kernel([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], {"x": (1, channels, side, side)},
+                       {"y": (1, channels, side, side)}, {"w": np.ones(weight, np.float32)})
+        return extract(graph, range(len(graph.nodes)), graph.inputs, graph.outputs, layout=CHANNELS_LAST)
+
+    least = inductor.LIBRARY_POINTWISE_MIN_FLOPS if pointwise else inductor.LIBRARY_DEPTHWISE_MIN_FLOPS
+    small, large = conv_kernel(32, 16), conv_kernel(128, 64)
+    assert node_flops(small, small.nodes[0]) < least <= node_flops(large, large.nodes[0])
+    assert LibraryConvBackend().claims(small) is not None and LibraryConvBackend().claims(large) is None
+    assert InductorBackend().claims(small) is None and InductorBackend().claims(large) is None
+
+
 def test_a_one_dimensional_convolution_is_packed_for_onednn_like_a_two_dimensional_one():
     """A 1-D convolution of 80 channels by 64 frames (batch 1, at most 20480 input elements) went to ATen's
     slow im2col loop; as a 2-D one of height 1 freezing packs it for oneDNN, and it still matches ONNX Runtime."""
@@ -252,7 +288,7 @@ def test_a_one_dimensional_convolution_is_packed_for_onednn_like_a_two_dimension
     check_built(built, graph)
 
 
-def test_a_channels_last_depthwise_convolution_is_one_loop_without_a_convolution_call():
+def test_a_channels_last_depthwise_convolution_is_one_loop_without_a_convolution_call(any_size_for_the_library):
     """Over channels-last values Inductor computes a depthwise convolution with its bias and SiLU in its own
     loop (``torch_ops._depthwise_conv``); over NCHW ones it calls the library's convolution."""
     from korch.ir.graph import CHANNELS_LAST

@@ -38,6 +38,7 @@ from korch.backends.torch_ops import is_depthwise_conv, is_pointwise_conv, kerne
 from korch.backends.vector_exp import fast_vector_exp
 from korch.errors import one_line
 from korch.ir import dtypes
+from korch.ir.analysis import node_flops
 from korch.ir.graph import CHANNELS_LAST, Graph
 from korch.ir.ops import Op
 
@@ -49,6 +50,17 @@ VERSION = "11"  # 3: CPU kernels return their outputs; 4: their float32 exp is A
 # and inductor-libconv builds such depthwise convolutions by the library; 10: kernels compiled in batches inline
 # ATen's vector helpers (inlining.py); 11: float32 products packed for oneDNN as in a unit, an activation after
 # one its post-op (freezing.packed_as_ahead_of_time)
+
+# The least work (FLOPs: two a multiply-add) of a 1x1 convolution, and of a depthwise one over channels-last values,
+# the library-convolution backend builds a kernel for: below it oneDNN's set-up decides, and korch's form (a
+# product, the taps' sum) was the faster of the two in every kernel measured. Zen 4, 2 threads (2026-11-30): of
+# YOLOX-Nano's 1994 kernels the library's convolutions were built for, 1377 hold none of this size, and korch's
+# form won in all but one (0.999 of it); where one is this size, the library won 23 of Segformer-B0's 31 kernels
+# with a 1x1 convolution of 2^30 FLOPs, and 30 of its 59 with depthwise ones of 2^22-2^25 (the smallest, 2^22:
+# 2 of 14; Zen 5: 512 channels at 32x32, 2^23.2, by the library, 1024 at 16x16, 2^22.2, as taps). Every kernel
+# of YOLOv4 (610), Segformer-B0 (90) and EfficientViT (250) the library's convolutions were built for holds one.
+LIBRARY_POINTWISE_MIN_FLOPS = 1 << 24
+LIBRARY_DEPTHWISE_MIN_FLOPS = 1 << 22
 _KERNEL_DEFINITIONS = re.compile(r"async_compile\.(cpp_pybinding|cpp|triton)\(")
 _LIBRARY_CALLS = re.compile(r"\b(extern_kernels\.\w+|torch\.ops\.\w+\.\w+(?:\.\w+)?)\(")
 
@@ -207,8 +219,9 @@ class LibraryConvBackend(InductorBackend):
     library's convolutions (oneDNN's, weights packed, an activation after one as its post-op), where the Inductor
     backend computes them as products and as their taps (``torch_ops._pointwise_conv``, ``_depthwise_conv``):
     which is faster depends on the convolution (korch's forms skip oneDNN's set-up of 15-25 us a call, which
-    decides small ones; packed weights decide large ones), so both are measured,
-    the faster priced, and a compiled unit computes each kernel's as its plan measured it (``runtime/unit.py``).
+    decides small ones; packed weights decide large ones), so both are measured where a convolution is large
+    enough for the library's to win (``LIBRARY_POINTWISE_MIN_FLOPS``, ``LIBRARY_DEPTHWISE_MIN_FLOPS``), the
+    faster priced, and a compiled unit computes each kernel's as its plan measured it (``runtime/unit.py``).
     EfficientViT's unit: 973 ms with every 1x1 convolution by the library, 1838 ms as products; YOLOX-Nano's:
     11.4 and 9.9 ms."""
 
@@ -221,9 +234,15 @@ class LibraryConvBackend(InductorBackend):
         if reason := super().claims(kernel):
             return reason
         channels_last = CHANNELS_LAST in kernel.boundary_layouts()
-        if not any(is_pointwise_conv(kernel, node) or (channels_last and is_depthwise_conv(kernel, node))
+
+        def large(node, min_flops: int) -> bool:
+            return node_flops(kernel, node) >= min_flops
+
+        if not any((is_pointwise_conv(kernel, node) and large(node, LIBRARY_POINTWISE_MIN_FLOPS))
+                   or (channels_last and is_depthwise_conv(kernel, node) and large(node, LIBRARY_DEPTHWISE_MIN_FLOPS))
                    for node in kernel.nodes):
-            return f"{self.name}: no 1x1 convolution, nor a depthwise one over channels-last values"
+            return (f"{self.name}: no 1x1 convolution of {LIBRARY_POINTWISE_MIN_FLOPS} FLOPs or more, nor a "
+                    f"depthwise one of {LIBRARY_DEPTHWISE_MIN_FLOPS} over channels-last values")
         return None
 
     def build(self, kernel: Graph, device: str) -> LibraryConvKernel:

@@ -8,7 +8,7 @@ inputs (the search's timing). Events are grouped by family (the name without its
 ``mkldnn::_convolution_pointwise``, ``korch_ort_*::matmul``), so a family the unit spends more on names what
 runs slower in sequence. The profile slows small loops: compare the two columns, not either with a timing.
 
-    python benchmarks/unit_profile.py OUTDIR [--calls 5] [--out FILE.json]
+    python benchmarks/unit_profile.py OUTDIR [--calls 5] [--weights VARIANT] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -58,12 +58,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--calls", type=int, default=5, help="profiled calls of the unit and of each kernel")
+    parser.add_argument("--weights", help="profile this variant of the manifest's (\"MLAS by ONNX Runtime\", ...) "
+                                          "instead of the chosen one")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     heap.keep_freed_memory()  # as the unit and the search's workers run
     graph = bundle.read_graph(args.outdir)
     plan = bundle.read_plan(args.outdir)
     choice = json.loads((args.outdir / "manifest.json").read_text())["unit"]
+    if args.weights:
+        choice["weights"] = args.weights
     variant = unit.chosen_variant(choice)
     with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
         compiled = unit.CompiledUnit.from_bytes(unit.compile_unit(graph, plan, "cpu", variant))

@@ -30,7 +30,8 @@ WARMUP = 20
 
 def _child(system: str, outdir: str, calls: int) -> dict[str, float]:
     """Median seconds of one call of ``system`` ("korch", "onnxruntime" or "torch.compile") on the OUTDIR's model
-    (``call_s``), and seconds from its imports to the first call's result (``open_s``)."""
+    (``call_s``), seconds from its imports to the first call's result (``open_s``) and to the call ready
+    (``load_s``: ``korch.load``, ONNX Runtime's session; torch.compile compiles in its first call)."""
     sys.path.insert(0, str(ROOT / "src"))
     import korch  # noqa: F401  (first: it sets OpenMP's spinning before torch loads)
     from korch.ir.ort import input_specs
@@ -67,11 +68,12 @@ def _child(system: str, outdir: str, calls: int) -> dict[str, float]:
 
         def call():
             session.run(None, feeds)
+    load_s = time.perf_counter() - started
     call()
     open_s = time.perf_counter() - started
     for _ in range(WARMUP):
         call()
-    return {"call_s": round_median_s(call, calls), "open_s": open_s}
+    return {"call_s": round_median_s(call, calls), "open_s": open_s, "load_s": load_s}
 
 
 def main(argv=None) -> int:
@@ -96,6 +98,7 @@ def main(argv=None) -> int:
     systems = ["korch", "onnxruntime", *(["torch.compile"] if args.compile else [])]
     taken = {outdir: {system: [] for system in systems} for outdir in args.outdirs}
     opened = {outdir: {system: [] for system in systems} for outdir in args.outdirs}
+    loaded = {outdir: {system: [] for system in systems} for outdir in args.outdirs}
     for _ in range(args.rounds):  # a round visits every OUTDIR: plans of one model compare within a spell of the host
         for outdir in args.outdirs:
             for system in systems:
@@ -104,6 +107,7 @@ def main(argv=None) -> int:
                 reported = json.loads(done.stdout.strip().splitlines()[-1])
                 taken[outdir][system].append(reported["call_s"] * 1e3)
                 opened[outdir][system].append(reported["open_s"])
+                loaded[outdir][system].append(reported["load_s"])
     for outdir, rounds in taken.items():
         manifest = json.loads((Path(outdir) / "manifest.json").read_text())
         median = {system: statistics.median(ms) for system, ms in rounds.items()}
@@ -117,13 +121,15 @@ def main(argv=None) -> int:
                      "best_onnxruntime_over_korch": round(best["onnxruntime"] / best["korch"], 3),
                      "rounds_ms": {system: [round(ms, 3) for ms in v] for system, v in rounds.items()},
                      # what a process took to open the model and return its first result: korch.load's cost
-                     "open_s": {system: round(statistics.median(v), 3) for system, v in opened[outdir].items()}})
+                     "open_s": {system: round(statistics.median(v), 3) for system, v in opened[outdir].items()},
+                     "load_s": {system: round(statistics.median(v), 3) for system, v in loaded[outdir].items()}})
         if args.compile:
             rows[-1].update(compile_ms=round(median["torch.compile"], 3),
                             compile_over_korch=round(median["torch.compile"] / median["korch"], 3),
                             best_compile_over_korch=round(best["torch.compile"] / best["korch"], 3))
         print(json.dumps({k: rows[-1][k] for k in ("model", "korch_ms", "onnxruntime_ms", "onnxruntime_over_korch",
-                                                   "best_onnxruntime_over_korch", "compile_over_korch", "open_s")
+                                                   "best_onnxruntime_over_korch", "compile_over_korch", "open_s",
+                                                   "load_s")
                           if k in rows[-1]}))
     bench.write_record(bench.record("korch against ONNX Runtime, each alone in fresh processes",
                                     "benchmarks/alone_ort.py", argv, rows=rows), args.out)

@@ -302,3 +302,16 @@ def test_a_kernel_that_raises_is_rebuilt_by_the_next_backend(tmp_path, monkeypat
     assert result.executable.check.ok
     refused = [why for k in result.manifest["kernels"] for why in k.get("refused", [])]
     assert refused and all("raised RuntimeError: the library's call failed" in why for why in refused)
+
+
+def test_recorded_versions_are_the_imported_packages_versions():
+    """The versions a manifest records, read from the packages' records where they are not imported, are the
+    modules' own; a package that is not installed is left out, not an error."""
+    import onnx
+    import onnxruntime
+    import torch
+
+    found = bundle.versions()
+    assert found["torch"] == torch.__version__ and found["numpy"] == np.__version__
+    assert found["onnx"] == onnx.__version__ and found["onnxruntime"] == onnxruntime.__version__
+    assert bundle._version_of("no_such_package_korch_knows") is None

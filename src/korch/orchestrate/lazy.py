@@ -97,7 +97,9 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     in sequence; a plan whose kernels are all measured has those not yet priced
     so priced (each keeps its first such price), and only a plan of kernels all
     priced in place is proven and returned. An empty answer (the sequence did not
-    run), or the time limit passing, leaves the times alone in force from then on.
+    run), or the time limit passing, leaves the times alone in force from then on; the plan the time limit ends
+    with then has its kernels not yet priced in place run once in sequence, so that its objective is what they
+    take there: its prediction, not its choice, which the times alone made (its gap grows to match).
     ``measure_ahead``: unmeasured columns a round measures beside its plan's, at most: those that the root relaxation's
     reduced costs leave in reach of a plan cheaper than the cheapest measured one (``Solver.could_improve``),
     least reduced cost first, and no more than the time limit leaves room for at the slowest pace measured (once
@@ -117,7 +119,19 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     def final(c: int) -> bool:  # priced for good: measured, and in place where kernels are priced so
         return c in known and (in_place is None or c in placed)
 
+    sequence = in_place  # kept past the time limit, which ends ``in_place``: the last plan is still priced once
+
     def result(plan: Solution, extra_s: float = 0.0) -> LazyResult:
+        """The search's answer, the kernels of ``plan`` not priced in place yet (the time limit ended the pricing)
+        run once in sequence where they can be."""
+        nonlocal sequences
+        unplaced = [c for c in plan.order if c not in placed]
+        timed = sequence(plan.order) if sequence is not None and unplaced else {}
+        if timed:
+            sequences += 1
+            for c in unplaced:
+                known[c] = placed[c] = max(float(timed[c]), bounds[c])
+            plan = _cheaper(_priced(plan, known), None, lower)
         return LazyResult(plan, fresh, rounds, solve_s + extra_s, proofs, len(left_out), placed, sequences)
 
     solver, replacements = Solver(problem), Replacements(problem)
@@ -155,6 +169,8 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
             sequences += bool(timed)
             if not timed:  # the sequence did not run, or the time is up: times alone stand from here on
                 in_place = None
+                if time.perf_counter() < deadline:  # it cannot run: not at the end either
+                    sequence = None
             else:
                 for c in unplaced:
                     known[c] = placed[c] = max(float(timed[c]), bounds[c])

@@ -34,9 +34,8 @@ def _child(system: str, outdir: str, calls: int) -> dict[str, float]:
     (``load_s``: ``korch.load``, ONNX Runtime's session; torch.compile compiles in its first call)."""
     sys.path.insert(0, str(ROOT / "src"))
     import korch  # noqa: F401  (first: it sets OpenMP's spinning before torch loads)
-    from korch.ir.ort import input_specs
     from korch.runtime.selfcheck import seeded_inputs
-    from interleaved_ort import ort_session, round_median_s  # this directory's: as the turns benchmark times
+    from interleaved_ort import ort_call, round_median_s  # this directory's: as the turns benchmark times
 
     started = time.perf_counter()
     if system == "korch":
@@ -63,11 +62,7 @@ def _child(system: str, outdir: str, calls: int) -> dict[str, float]:
             with torch.no_grad():
                 compiled(*inputs)
     else:
-        session = ort_session(Path(outdir) / "reference.onnx")
-        feeds = seeded_inputs(input_specs(session))
-
-        def call():
-            session.run(None, feeds)
+        call = ort_call(Path(outdir) / "reference.onnx")
     load_s = time.perf_counter() - started
     call()
     open_s = time.perf_counter() - started

@@ -57,6 +57,16 @@ def ort_session(model_path: Path):
     return onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
 
 
+def ort_call(model_path: Path):
+    """One call of ONNX Runtime (``ort_session``) on the model at ``model_path``, on its seeded inputs."""
+    from korch.ir.ort import input_specs
+    from korch.runtime.selfcheck import seeded_inputs
+
+    session = ort_session(model_path)
+    feeds = seeded_inputs(input_specs(session))
+    return lambda: session.run(None, feeds)
+
+
 def interleaved_ms(systems: dict, rounds: int, calls: int) -> dict[str, float]:
     """Each system's latency in ms: a warm-up turn each, then ``rounds`` rounds of turns, the median of the
     turns' medians."""

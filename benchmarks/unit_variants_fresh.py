@@ -43,7 +43,7 @@ def _time(outdir: str, unit_path: str, calls: int) -> float:
     import korch  # noqa: F401
     import torch
 
-    from interleaved_ort import ort_session, round_median_s  # beside this script
+    from interleaved_ort import ort_call, round_median_s  # beside this script
 
     if unit_path:
         from korch.backends import ort_gemm
@@ -57,14 +57,7 @@ def _time(outdir: str, unit_path: str, calls: int) -> float:
         def call():
             compiled(*inputs)
     else:
-        from korch.ir.ort import input_specs
-        from korch.runtime.selfcheck import seeded_inputs
-
-        session = ort_session(Path(outdir) / "reference.onnx")
-        feeds = seeded_inputs(input_specs(session))
-
-        def call():
-            session.run(None, feeds)
+        call = ort_call(Path(outdir) / "reference.onnx")
     for _ in range(20):
         call()
     return round_median_s(call, calls) * 1e3

@@ -172,8 +172,7 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
                 if time.perf_counter() < deadline:  # it cannot run: not at the end either
                     sequence = None
             else:
-                for c in unplaced:
-                    known[c] = placed[c] = max(float(timed[c]), bounds[c])
+                _place(unplaced, timed, bounds, known, placed)
                 cheapest = _cheaper_priced(solution, known, cheapest, lower)
             quick = True
             continue
@@ -237,9 +236,8 @@ def _priced_in_place_at_the_end(solver: Solver, plan: Solution, sequence: Callab
     best, ran, seconds = None, 0, 0.0
     for turn in range(END_SEQUENCES):
         if turn:  # the optimum over the measured kernels at their prices now
-            try:
-                again = solver.solve([known.get(c, math.inf) for c in range(len(bounds))], time_limit=MEASURED_ONLY_S)
-            except InfeasibleError:
+            again = _measured_optimum(solver, known, len(bounds))
+            if again is None:
                 break
             seconds, plan = seconds + again.seconds, again
         unplaced = [c for c in plan.order if c not in placed]
@@ -248,8 +246,7 @@ def _priced_in_place_at_the_end(solver: Solver, plan: Solution, sequence: Callab
             if not timed:  # it cannot run: the plans priced so far answer, or this one at its times alone
                 break
             ran += 1
-            for c in unplaced:
-                known[c] = placed[c] = max(float(timed[c]), bounds[c])
+            _place(unplaced, timed, bounds, known, placed)
         priced = _priced(plan, known)
         best = priced if best is None or priced.objective < best.objective else best
         if not unplaced:  # the optimum at these prices is priced in place: no plan of measured kernels beats it
@@ -265,11 +262,26 @@ def _best_measured(solver: Solver, known: Mapping[int, float], n: int, cheapest:
     kernels, all measured, 1351 ms)."""
     if cheapest.optimal:
         return cheapest, 0.0
-    try:
-        solution = solver.solve([known.get(c, math.inf) for c in range(n)], time_limit=MEASURED_ONLY_S)
-    except InfeasibleError:  # the measured kernels cover no plan
+    solution = _measured_optimum(solver, known, n)
+    if solution is None:
         return cheapest, 0.0
     return _cheaper(_priced(solution, known), cheapest, lower), solution.seconds
+
+
+def _measured_optimum(solver: Solver, known: Mapping[int, float], n: int) -> Solution | None:
+    """The optimum over the measured candidates at their prices in ``known`` (``MEASURED_ONLY_S`` of solving at
+    most), or None where they cover no plan."""
+    try:
+        return solver.solve([known.get(c, math.inf) for c in range(n)], time_limit=MEASURED_ONLY_S)
+    except InfeasibleError:
+        return None
+
+
+def _place(unplaced: Sequence[int], timed: Mapping[int, float], bounds: Sequence[float], known: dict[int, float],
+           placed: dict[int, float]) -> None:
+    """Records the prices in place a sequence ``timed`` for the kernels ``unplaced`` (never below a bound)."""
+    for c in unplaced:
+        known[c] = placed[c] = max(float(timed[c]), bounds[c])
 
 
 def _cheaper_priced(solution: Solution, known: Mapping[int, float], cheapest: Solution | None, lower: float) \

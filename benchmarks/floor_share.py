@@ -15,7 +15,8 @@ anything, for each floor model:
   still holds. No search strategy can do with fewer than the smallest such
   set; the greedy one is an upper bound on that least number.
 
-Floor models: ``roofline`` (korch's floors for this host), ``rooflineE``
+Floor models: ``roofline`` (korch's floors for this host), ``parts`` (those with every product and
+convolution timed alone first, as ``korch optimize`` does: ``cost/parts.py``), ``rooflineE``
 (those floors with each elementwise kernel's, one without a product,
 convolution, reduction or window, times E: what floors that much tighter for
 the loops would save) and ``oracleF``, the true latency times F (a floor model
@@ -25,7 +26,9 @@ runs it: with layouts where it chooses them (a CPU) and measuring up to
 strictly lazy loop).
 ``--export FILE`` writes each model's measured latencies (as the search sees
 them: the fastest backend's, less its calling cost) with this host's probe
-record: ``tests/cost/test_zoo_floors.py`` checks every floor against them.
+record: ``tests/cost/test_zoo_floors.py`` checks every floor against them. With
+``--known-only`` it exports what the database holds, measuring and replaying
+nothing (the convolution networks' searches measure a part of their candidates).
 
     python benchmarks/floor_share.py zoo:bert_layer zoo:vit_block --floors roofline,roofline4,oracle0.9 \\
         --slack 0,0.05 [--ahead 0] --out benchmarks/results/floor_share_cpu.json
@@ -70,8 +73,12 @@ def _loops_only(graph, candidate) -> bool:
 
 
 def floors(name: str, graph, candidates, device, latency: dict[str, float]) -> list[float]:
-    from korch.cost import candidate_bounds
+    from korch.cost import candidate_bounds, part_columns, part_times
 
+    if name == "parts":  # the search's floors once its products and convolutions were timed alone
+        columns = part_columns(graph, candidates)
+        alone = {c: latency[candidates[c].signature] for ids in columns.values() for c in ids}
+        return candidate_bounds(graph, candidates, device, parts=part_times(columns, alone))
     if name.startswith("roofline"):
         bounds = candidate_bounds(graph, candidates, device)
         scale = float(name.removeprefix("roofline") or 1)
@@ -79,7 +86,7 @@ def floors(name: str, graph, candidates, device, latency: dict[str, float]) -> l
     if name.startswith("oracle"):
         share = float(name.removeprefix("oracle"))
         return [share * latency[c.signature] if math.isfinite(latency[c.signature]) else 0.0 for c in candidates]
-    raise SystemExit(f"unknown floor model {name!r}: roofline, rooflineE or oracleF")
+    raise SystemExit(f"unknown floor model {name!r}: roofline, rooflineE, parts or oracleF")
 
 
 def certificate(graph, cset, segments, truth: dict[int, float], bounds, slack: float, conversion_cost=None) \
@@ -144,6 +151,10 @@ def replay(model: str, db: str | None, floor_models: list[str], slacks: list[flo
     for name in floor_models:
         bounds = floors(name, graph, cset.candidates, device, latency)
         oracle = _Replay(cset.candidates, latency, bounds)
+        if name == "parts":  # measured before the search starts
+            from korch.cost import part_columns
+
+            oracle.measure([c for ids in part_columns(graph, cset.candidates).values() for c in ids])
         kernels, _, _ = solve_segments(graph, cset, segments, bounds, None, measurer=oracle, conversion_cost=moves,
                                        measure_ahead=ahead)
         ratios = sorted(truth[c.id] / b for c, b in zip(cset.candidates, bounds)
@@ -165,11 +176,29 @@ def replay(model: str, db: str | None, floor_models: list[str], slacks: list[flo
     return row, latency
 
 
+def known(model: str, db: str | None) -> dict[str, float]:
+    """The model's latencies the database holds in full (as the search sees them), nothing built."""
+    from korch.backends.db import ProfileDB
+    from korch.backends.measure import KernelMeasurer
+    from korch.pipeline import candidate_kernels, load_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, graph, _ = load_model(model)
+    cset = candidate_kernels(graph, "cpu", "measured")
+    measurer = KernelMeasurer(graph, cset.candidates, [0.0] * len(cset.candidates), target="cpu", db=ProfileDB(db))
+    try:
+        found = measurer.known(list(range(len(cset.candidates))))
+    finally:
+        measurer.close()
+    return {cset.candidates[c].signature: latency for c, latency in found.items()}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+")
     parser.add_argument("--db", default=None, help="profile database (default: korch's)")
-    parser.add_argument("--floors", default="roofline", help="comma-separated: roofline, rooflineE, oracleF")
+    parser.add_argument("--floors", default="roofline", help="comma-separated: roofline, parts, rooflineE, oracleF")
     parser.add_argument("--ahead", type=int, default=None, help="columns a round measures ahead "
                         "(default: the search's, config.measure_ahead)")
     parser.add_argument("--slack", default="0", help="comma-separated relative gaps a certificate may leave, "
@@ -177,14 +206,19 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--out", default=None)
     parser.add_argument("--export", default=None, help="write the measured latencies and the probe record here")
+    parser.add_argument("--known-only", action="store_true", help="with --export: only the latencies the database "
+                        "holds, nothing measured or replayed")
     args = parser.parse_args(argv)
     from korch import config
 
     ahead = config.measure_ahead if args.ahead is None else args.ahead
     slacks = [] if args.slack == "none" else [float(s) for s in args.slack.split(",")]
-    replayed = {m: replay(m, args.db, args.floors.split(","), slacks, args.jobs, ahead) for m in args.models}
-    rows = [row for row, _ in replayed.values()]
-    latencies = {m: latency for m, (_, latency) in replayed.items()}
+    if args.known_only:
+        rows, latencies = [], {m: known(m, args.db) for m in args.models}
+    else:
+        replayed = {m: replay(m, args.db, args.floors.split(","), slacks, args.jobs, ahead) for m in args.models}
+        rows = [row for row, _ in replayed.values()]
+        latencies = {m: latency for m, (_, latency) in replayed.items()}
     if args.export:
         from korch.cost.probe import cpu_record
 

@@ -58,6 +58,11 @@ in_place: str = {"1": "on", "0": "off"}.get(_in_place, _in_place)
 # distinct kernels in 44 rounds, 202 s; with 256, all 916 in 8 rounds, 143 s).
 measure_ahead: int = int(os.environ.get("KORCH_MEASURE_AHEAD", "256"))
 
+# A measured search times every product and convolution alone before its rounds and bounds each kernel holding
+# one by most of that time (cost/parts.py); 0 bounds them by their FLOPs at the peak only, to measure what the
+# tighter floors save.
+part_floors: bool = os.environ.get("KORCH_PART_FLOORS", "1") != "0"
+
 # Largest candidate kernel, in primitive nodes (the enumeration grows fast with it).
 max_kernel_nodes: int = int(os.environ.get("KORCH_MAX_KERNEL_NODES", "8"))
 

@@ -6,7 +6,8 @@ a true lower bound. A measured kernel faster than its floor disproves that
 floor: the search raises such a measurement to the floor (``below_bound`` in
 the report) and goes on, but the floor model is wrong for the device. This
 check finds them: the model's candidates are enumerated as ``korch optimize``
-does, each is bounded by the roofline model, and every record the profile
+does, each is bounded by the roofline model (with the products and convolutions the database holds timed
+alone in every column, as the search bounds them: ``cost/parts.py``), and every record the profile
 database holds for it (at the backends' current versions, less the backend's
 calling cost, as the search sees it) is compared with that bound.
 """
@@ -42,7 +43,8 @@ def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequ
     from korch.backends.db import ProfileDB
     from korch.backends.measure import CALLING_COST, device_key, keyed_versions
     from korch.backends.registry import backends_for, device_for
-    from korch.cost import candidate_bounds
+    from korch.cost import candidate_bounds, part_columns, part_times
+    from korch.cost.roofline import BELOW_FLOOR_S
     from korch.pipeline import candidate_kernels, floor_device, load_model
 
     device = floor_device(target)  # the floors the search used
@@ -52,24 +54,32 @@ def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequ
     backends = backends_for(target)
     # with the channels-last columns a measured search measured too
     candidates = candidate_kernels(graph, target, "measured", max_kernel_nodes).candidates
-    bounds = candidate_bounds(graph, candidates, device)
+    key = device_key(target)
+    versions = keyed_versions(backends, device_for(target))
+    profile = ProfileDB(str(db) if db else None)
+    calling = {r.backend: r.latency_s for r in profile.lookup([CALLING_COST], key, versions)[CALLING_COST] if r.ok}
+    found = profile.lookup({c.signature for c in candidates}, key, versions)
+
+    def seen(record) -> float:  # as the search sees it
+        return max(record.latency_s - calling.get(record.backend, 0.0), 0.0)
+
+    best = {s: min(seen(r) for r in records if r.ok) for s, records in found.items() if any(r.ok for r in records)}
+    # the floors a search that measured these products and convolutions alone used (``cost/parts.py``)
+    columns = part_columns(graph, candidates)
+    alone = {c: best[candidates[c].signature] for ids in columns.values() for c in ids
+             if candidates[c].signature in best}
+    bounds = candidate_bounds(graph, candidates, device, parts=part_times(columns, alone))
     floor: dict[str, tuple[float, str]] = {}
     for candidate, bound in zip(candidates, bounds):
         ops = "+".join(graph.nodes[i].op.value for i in sorted(candidate.nodes))
         if candidate.signature not in floor or bound > floor[candidate.signature][0]:
             floor[candidate.signature] = (bound, ops)
-    key = device_key(target)
-    versions = keyed_versions(backends, device_for(target))
-    profile = ProfileDB(str(db) if db else None)
-    calling = {r.backend: r.latency_s for r in profile.lookup([CALLING_COST], key, versions)[CALLING_COST] if r.ok}
-    found = profile.lookup(floor, key, versions)
     below, compared = [], 0
     for signature, records in found.items():
         bound, ops = floor[signature]
         for record in (r for r in records if r.ok):
             compared += 1
-            seen = max(record.latency_s - calling.get(record.backend, 0.0), 0.0)
-            if seen < bound * (1 - 1e-9):
-                below.append(BelowFloor(signature, ops, record.backend, seen, bound))
+            if seen(record) < bound - BELOW_FLOOR_S:
+                below.append(BelowFloor(signature, ops, record.backend, seen(record), bound))
     below.sort(key=lambda b: b.measured_s / b.floor_s)
     return FloorCheck(key, len(candidates), len(floor), compared, tuple(below))

@@ -188,6 +188,12 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
                                   db=ProfileDB(str(db) if db else None), jobs=jobs, on_kernel=progress.on_kernel)
         in_place = _in_place_timer(measurer, graph, candidates.candidates, device)
     try:
+        if measurer is not None and config.part_floors:
+            with stage("products alone"):
+                started = time.perf_counter()
+                bounds = _bounds_with_parts(graph, candidates.candidates, device, measurer)
+                if time_limit is not None:  # the limit is the search's, these measurements included
+                    time_limit = max(time_limit - (time.perf_counter() - started), MIN_SEARCH_S)
         with stage("measure and solve" if measurer else "solve"):
             kernels, segment_reports, conversions = solve_segments(
                 graph, candidates, segments, bounds, time_limit, progress.on_segment, measurer,
@@ -212,6 +218,7 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
                 "planned_kernels": sum(r.timed_in_place for r in segment_reports)}
             in_place.close()  # before the unit compiles: the kernels built here and their values are done with
         _warn_if_disturbed(stats["measurement"])
+        _warn_if_below_floors(stats["measurement"])
     if layouts:
         stats["layouts"] = "chosen"
     plan = Plan(model=graph.name, target=device.name, cost_model=cost, kernels=tuple(kernels),
@@ -228,6 +235,22 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
         return result
     return _build_check_write(result, target, device_for(target), Path(output), stage, progress,
                               config.compiled_unit if compiled_unit is None else compiled_unit, check)
+
+
+# Seconds a time-limited search keeps for its rounds however long its products took alone
+MIN_SEARCH_S = 1.0
+
+
+def _bounds_with_parts(graph, candidates, device, measurer) -> list[float]:
+    """Every candidate's floor once each product and convolution has been measured alone, in every layout
+    column (``cost/parts.py``): the measurer compares its kernels with these floors from then on."""
+    from korch.cost import candidate_bounds, part_columns, part_times
+
+    columns = part_columns(graph, candidates)
+    alone = measurer.measure([c for ids in columns.values() for c in ids]) if columns else {}
+    bounds = candidate_bounds(graph, candidates, device, parts=part_times(columns, alone))
+    measurer.bounds = bounds
+    return bounds
 
 
 # How many last-level caches a candidate's values must exceed for ``auto`` to price kernels in place. On the AMD
@@ -269,6 +292,14 @@ def _warn_if_disturbed(measurement: dict) -> None:
         warnings.warn(f"{measurement['disturbed']} of {measurement['kernels_measured']} kernel timings found other processes on the CPU cores in each "
                       f"of {config.quiet_tries} tries: their latencies may read slow, and the next search on this "
                       "database measures them again", stacklevel=2)
+
+
+def _warn_if_below_floors(measurement: dict) -> None:
+    """Say so when kernels ran faster than their floors: the search priced them at the floor, and a floor that
+    does not hold weakens the proof of the plan's optimality."""
+    if measurement["below_bound"]:
+        warnings.warn(f"{measurement['below_bound']} kernel latencies came out below their floors and were priced "
+                      "at them: `korch db check` names the kernels and their floors", stacklevel=2)
 
 
 def floor_device(target: str):

@@ -475,3 +475,30 @@ def test_cpu_measurements_are_keyed_by_the_timers_protocol_gpu_ones_by_the_backe
     backends = [Broken("wrong")]
     assert keyed_versions(backends, "cpu") == {"broken": f"0+{CPU_PROTOCOL}"}
     assert keyed_versions(backends, "cuda") == {"broken": "0"}
+
+
+def test_a_measured_search_bounds_each_kernel_holding_a_product_by_the_product_timed_alone(tmp_path):
+    """Before its rounds the search times every product alone ("products alone"), and from then on each kernel
+    holding one is bounded by most of that time (``cost/parts.py``): the planned kernel with the MatMul too, far
+    above the product's FLOPs at the host's peak."""
+    from korch.cost import candidate_bounds, part_columns
+    from korch.cost.parts import part_floor_s
+    from korch.ir import Op
+    from korch.pipeline import candidate_kernels, floor_device
+
+    db = tmp_path / "p.sqlite"
+    result = optimize(_model(), target="cpu", cost="measured", db=db, jobs=1, max_kernel_nodes=3)
+    assert "products alone" in result.plan.stats["stage_seconds"]
+    graph = result.graph
+    product = next(n.name for n in graph.nodes if n.op is Op.MATMUL)
+    kernel = next(k for k in result.plan.kernels if product in k.nodes)
+    candidates = candidate_kernels(graph, "cpu", "measured", 3).candidates
+    (node, columns), = part_columns(graph, candidates).items()
+    assert graph.nodes[node].name == product
+    profile, key = ProfileDB(str(db)), measure.device_key("cpu")
+    calling = profile.get(measure.CALLING_COST, key)
+    alone = min(max(r.latency_s - calling[r.backend].latency_s, 0.0)
+                for c in columns for r in profile.get(candidates[c].signature, key).values() if r.ok)
+    roofline = candidate_bounds(graph, [c for c in candidates if c.signature == kernel.signature],
+                                floor_device("cpu"))[0]
+    assert kernel.bound_s >= part_floor_s(alone) * (1 - 1e-9) > roofline

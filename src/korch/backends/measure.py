@@ -54,6 +54,7 @@ from korch.backends.db import ProfileDB, Record
 from korch.backends.registry import backends_for, device_for
 from korch.backends.timing import CPU_PROTOCOL, Timing, time_measured, timing_inputs
 from korch.cost.devices import get_device
+from korch.cost.roofline import BELOW_FLOOR_S
 from korch.ir.graph import Graph, Tensor
 from korch.ir.subgraph import extract
 
@@ -77,7 +78,7 @@ class MeasureStats:
     asked: int = 0            # distinct signatures the loop asked about
     from_db: int = 0          # of those, answered from the database alone
     measured: int = 0         # kernels built, checked and timed here (signature x backend)
-    below_bound: int = 0      # measurements under the lower bound, raised to it
+    below_bound: int = 0      # measurements under the lower bound (by more than BELOW_FLOOR_S), raised to it
     disturbed: int = 0        # kernels timed while other processes held the cores in every try
     build_s: float = 0.0      # wall seconds building and checking kernels (workers in parallel), and their
                               # timing where the workers time
@@ -307,7 +308,7 @@ class KernelMeasurer:
             record = self.best[self.candidates[c].signature]
             latency = math.inf if record is None else self.in_place_s(record)
             if latency < self.bounds[c]:
-                self.stats.below_bound += 1
+                self.stats.below_bound += latency < self.bounds[c] - BELOW_FLOOR_S
                 latency = self.bounds[c]
             result[c] = latency
         return result

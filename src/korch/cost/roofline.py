@@ -36,6 +36,9 @@ Why each piece is a floor (docs/cost.md has the long form):
   of those loops (``KernelWork.loop_bytes``: the bytes they must touch). A
   convolution is such a call too, but oneDNN applies what follows it (bias,
   activation, a sum) inside the call: only loops before it (a prologue) add.
+* **Parts.** With ``parts`` (``cost/parts.py``), a product or convolution timed alone in every layout column
+  bounds each kernel holding it by most of its least time there (``part_floor_s``), in place of its FLOPs at the
+  matrix peak when that is more: measured, not derived, and checked against every measured kernel.
 * **Cache.** A kernel's inputs may already sit in the last-level cache (its
   producer just wrote them; a profiler repeats the same kernel) and its outputs
   may stay there dirty, so only bytes beyond the cache's capacity must cross
@@ -46,11 +49,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from korch.cost.devices import HALF_DTYPES, Device
+from korch.cost.parts import part_floor_s
 from korch.ir import ops
 from korch.ir.analysis import node_flops
 from korch.ir.dtypes import itemsize
@@ -59,6 +63,10 @@ from korch.ir.ops import Op
 
 # Free operand modifiers: a GPU's FADD/FMUL/FFMA and a CPU's FNMADD fold these in.
 _FREE = frozenset({Op.NEG, Op.ABS})
+# A kernel timed less than this below its floor is not below it: the calling cost taken off every timing is itself
+# measured no finer (Segformer-B0's reciprocals of 256 values read 0 s less the library's 3.4 us calling cost,
+# under floors of 6 and 98 ns)
+BELOW_FLOOR_S = 1e-7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +80,9 @@ class KernelWork:
     # on CPUs, where products are library calls: the bytes the loops around a MATMUL must read or write (the
     # kernel's tensors they touch, and each tensor passed between them and a product, once); 0 without loops
     loop_bytes: int = 0
+    # seconds its products and convolutions take at least, from their measured times alone (``part_floor_s``);
+    # 0 where none was measured
+    part_s: float = 0.0
 
     @property
     def bytes_moved(self) -> int:
@@ -218,9 +229,10 @@ def floor_flops(graph: Graph, node: Node, fast_convolution: bool = True) -> int:
 
 
 def kernel_work(graph: Graph, nodes: Iterable[int], inputs: Sequence[str], outputs: Sequence[str], *,
-                fast_convolution: bool = True) -> KernelWork:
+                fast_convolution: bool = True, parts: Mapping[int, float] | None = None) -> KernelWork:
     """The least work of the kernel computing ``outputs`` from ``inputs`` with ``nodes`` (indices into graph.nodes);
-    ``fast_convolution`` as in ``floor_flops`` (True: the smaller count, a floor on every device).
+    ``fast_convolution`` as in ``floor_flops`` (True: the smaller count, a floor on every device); ``parts``, the
+    seconds some LINEAR nodes took alone (``part_floor_s``).
 
     A kernel of views alone (``_may_be_a_view``) may return a view of its input (the library backend and the
     compiled unit do): it need move nothing."""
@@ -230,6 +242,7 @@ def kernel_work(graph: Graph, nodes: Iterable[int], inputs: Sequence[str], outpu
         return KernelWork(bytes_read=0, bytes_written=0, vector_flops=0, matrix_flops=0)
     need: dict[str, int] = {name: t[name].numel for name in outputs}
     vector = matrix = 0
+    part = 0.0
     for index in sorted(nodes, reverse=True):  # graph.nodes is topological: consumers first
         node = graph.nodes[index]
         if node.op is Op.OPAQUE:
@@ -241,6 +254,8 @@ def kernel_work(graph: Graph, nodes: Iterable[int], inputs: Sequence[str], outpu
         flops = floor_flops(graph, node, fast_convolution) * demand // size
         if node.op in ops.LINEAR:
             matrix += flops
+            if parts and index in parts:
+                part = max(part, part_floor_s(parts[index]) * demand / size)
         else:
             vector += flops
         for name, n in zip(node.inputs, input_needs(graph, node, demand)):
@@ -249,7 +264,7 @@ def kernel_work(graph: Graph, nodes: Iterable[int], inputs: Sequence[str], outpu
     read = sum(min(need.get(name, 0), t[name].numel) * itemsize(t[name].dtype) for name in dict.fromkeys(inputs))
     written = sum(t[name].nbytes for name in dict.fromkeys(outputs))
     return KernelWork(bytes_read=read, bytes_written=written, vector_flops=vector, matrix_flops=matrix,
-                      loop_bytes=_loop_bytes(graph, [graph.nodes[i] for i in nodes], inputs, outputs))
+                      loop_bytes=_loop_bytes(graph, [graph.nodes[i] for i in nodes], inputs, outputs), part_s=part)
 
 
 def _may_be_a_view(node: Node) -> bool:
@@ -311,9 +326,14 @@ def memory_time(device: Device, work: KernelWork, warm: bool = True) -> float:
     return max(work.bytes_moved / device.cache_bandwidth, spill / device.memory_bandwidth)
 
 
+def matrix_time(device: Device, work: KernelWork, dtype: str = "float32") -> float:
+    """Seconds the kernel's products and convolutions need at least: at the matrix peak, or as measured alone."""
+    return max(work.matrix_flops / device.matrix_peak(dtype), work.part_s)
+
+
 def compute_time(device: Device, work: KernelWork, dtype: str = "float32") -> float:
     """Seconds the kernel's FLOPs need at least; vector and matrix units may run at once."""
-    return max(work.vector_flops / device.vector_peak(dtype), work.matrix_flops / device.matrix_peak(dtype))
+    return max(work.vector_flops / device.vector_peak(dtype), matrix_time(device, work, dtype))
 
 
 def lower_bound(device: Device, work: KernelWork, dtype: str = "float32", *, warm: bool = True) -> float:
@@ -321,7 +341,7 @@ def lower_bound(device: Device, work: KernelWork, dtype: str = "float32", *, war
     overlapped = max(memory_time(device, work, warm), compute_time(device, work, dtype))
     if device.kind == "cpu" and work.loop_bytes:
         loops = max(work.vector_flops / device.vector_peak(dtype), work.loop_bytes / device.cache_bandwidth)
-        overlapped = max(overlapped, work.matrix_flops / device.matrix_peak(dtype) + loops)
+        overlapped = max(overlapped, matrix_time(device, work, dtype) + loops)
     return device.launch_overhead + overlapped
 
 
@@ -332,14 +352,16 @@ def kernel_dtype(graph: Graph, names: Iterable[str]) -> str:
 
 
 def candidate_bounds(graph: Graph, candidates: Iterable, device: Device, dtype: str | None = None, *,
-                     warm: bool = True) -> list[float]:
+                     warm: bool = True, parts: Mapping[int, float] | None = None) -> list[float]:
     """``lower_bound`` of each candidate (anything with ``.nodes``, ``.inputs``, ``.outputs``), in order.
 
-    ``dtype=None`` bounds each candidate with ``kernel_dtype`` of its inputs and outputs.
+    ``dtype=None`` bounds each candidate with ``kernel_dtype`` of its inputs and outputs; ``parts``, the seconds
+    LINEAR nodes took alone (``part_floor_s``).
     """
     bounds = []
     for c in candidates:
-        work = kernel_work(graph, c.nodes, c.inputs, c.outputs, fast_convolution=device.fast_convolution)
+        work = kernel_work(graph, c.nodes, c.inputs, c.outputs, fast_convolution=device.fast_convolution,
+                           parts=parts)
         kind = dtype or kernel_dtype(graph, (*c.inputs, *c.outputs))
         bounds.append(lower_bound(device, work, kind, warm=warm))
     return bounds

@@ -1,0 +1,66 @@
+"""Floors from parts measured alone: a kernel that computes a product or a convolution takes nearly as long as
+the fastest kernel of that node alone, at least.
+
+The roofline floor (``roofline.py``) divides a convolution's FLOPs by the
+device's peak, which small convolutions are far from: on a 2-core Zen 4 EPYC
+the floors of YOLOX-Nano's measured convolution kernels were a fifth of their
+times (median), so a measured search had to time most candidates before it
+could prove anything (issue 14). Once each product and convolution has been
+timed alone, in every layout column it has, the least of those times is a
+far tighter floor for every candidate that holds the node: whatever else a
+kernel fuses around it, the node's arithmetic still runs, in a library call
+on a CPU.
+
+What a fused kernel can save against the node alone is the traffic of the
+operands it keeps in registers or caches, and timing noise moves both
+numbers; ``PART_SHARE`` leaves room for both. Over the seven zoo models'
+profile databases of the Zen 4 EPYC (7,800 measured kernels holding a
+product or convolution whose node was timed alone in every column) the
+least ratio of a kernel's time to its node's was 0.899, the 1st percentile
+0.93-1.01 by model. A kernel that computes only part of the node's output
+(a slice of it) is bounded by that share of the node's time.
+
+Only where every column of the node was measured and built: a column that
+failed alone may build fused, in a layout whose time alone is unknown.
+A kernel with several such nodes takes the largest one's floor (the sum
+would not be safe: MLAS multiplies sibling products as one). ``korch db
+check`` compares every measured kernel with these floors too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+from korch.ir import ops
+from korch.ir.graph import Graph
+
+# What share of its node's least time alone a kernel holding the node takes at least (see the docstring)
+PART_SHARE = 0.85
+
+
+def part_floor_s(alone_s: float) -> float:
+    """The floor a kernel holding a node gets from the node's least time alone."""
+    return PART_SHARE * alone_s
+
+
+def part_columns(graph: Graph, candidates: Iterable) -> dict[int, list[int]]:
+    """Each LINEAR node's candidates that are the node alone (one per layout column), by node index;
+    ``candidates``: anything with ``.nodes``, in the order their ids count."""
+    columns: dict[int, list[int]] = {}
+    for c, candidate in enumerate(candidates):
+        if len(candidate.nodes) == 1:
+            (node,) = candidate.nodes
+            if graph.nodes[node].op in ops.LINEAR:
+                columns.setdefault(node, []).append(c)
+    return columns
+
+
+def part_times(columns: Mapping[int, list[int]], latency: Mapping[int, float]) -> dict[int, float]:
+    """Each node's least time alone over its ``columns``, where every column has a finite ``latency``."""
+    times = {}
+    for node, ids in columns.items():
+        seen = [latency.get(c, math.inf) for c in ids]
+        if ids and all(math.isfinite(t) for t in seen):
+            times[node] = min(seen)
+    return times

@@ -289,9 +289,9 @@ def _warn_if_disturbed(measurement: dict) -> None:
     if measurement["disturbed"]:
         from korch import config
 
-        warnings.warn(f"{measurement['disturbed']} of {measurement['kernels_measured']} kernel timings found other processes on the CPU cores in each "
-                      f"of {config.quiet_tries} tries: their latencies may read slow, and the next search on this "
-                      "database measures them again", stacklevel=2)
+        warnings.warn(f"{measurement['disturbed']} of {measurement['kernels_measured']} kernel timings found other "
+                      f"processes on the CPU cores in each of {config.quiet_tries} tries: their latencies may read "
+                      "slow, and the next search on this database measures them again", stacklevel=2)
 
 
 def _warn_if_below_floors(measurement: dict) -> None:

@@ -232,7 +232,10 @@ def test_db_check_compares_every_measured_kernel_with_its_floor(tmp_path, capsys
     import dataclasses
 
     from korch.backends.measure import device_key
+    from korch.cost import part_columns
     from korch.dbcheck import check_floors
+    from korch.ir import Op
+    from korch.pipeline import candidate_kernels, load_model
 
     db, model = tmp_path / "profile.sqlite", tmp_path / "tiny.onnx"
     onnx.save(_model(), model)
@@ -240,10 +243,17 @@ def test_db_check_compares_every_measured_kernel_with_its_floor(tmp_path, capsys
     before = check_floors(str(model), target="cpu", db=db)
     assert before.records > 0 and before.signatures <= before.candidates
     already = {b.signature for b in before.below}
+    # planted: a kernel that holds the product beside other primitives, whose floor is most of the product's time
+    # alone (microseconds, far above the timer's resolution), not the product alone (that would lower the floor)
+    _, graph, _ = load_model(str(model))
+    candidates = candidate_kernels(graph, "cpu", "measured", 3).candidates
+    alone = {candidates[c].signature for ids in part_columns(graph, candidates).values() for c in ids}
+    product = next(i for i, n in enumerate(graph.nodes) if n.op is Op.MATMUL)
+    holding = {c.signature for c in candidates if product in c.nodes} - alone - already
     profile = ProfileDB(str(db))
     slowest = max((r for r in profile._select("device = ? AND status = 'ok' AND signature != 'calling-cost'",
-                                              (device_key("cpu"),)) if r.signature not in already),
-                  key=lambda r: r.latency_s)  # a matrix product: far above its floor
+                                              (device_key("cpu"),)) if r.signature in holding),
+                  key=lambda r: r.latency_s)
     profile.put([dataclasses.replace(slowest, latency_s=1e-12)])
     code, out = main(["db", "check", str(model), "--target", "cpu", "--db", str(db)]), capsys.readouterr().out
     after = check_floors(str(model), target="cpu", db=db)

@@ -87,3 +87,16 @@ def test_on_a_cpu_the_loops_before_a_product_add_to_its_part(monkeypatch):
     assert work.loop_bytes > 0
     loops = max(work.vector_flops / cpu.vector_peak(), work.loop_bytes / cpu.cache_bandwidth)
     assert lower_bound(cpu, work) == pytest.approx(part_floor_s(1e-3) + loops)
+
+
+def test_a_grouped_convolution_is_not_a_part():
+    """A depthwise convolution's time is mostly traffic, which a kernel fusing it may save: no floor from it."""
+    g = Graph(name="t")
+    g.add_tensor(Tensor(name="x", shape=(1, 8, 16, 16), dtype="float32"))
+    g.inputs.append("x")
+    b = Builder(g, "n")
+    depthwise = b.emit(Op.CONV, "x", b.const(np.ones((8, 1, 3, 3), dtype=np.float32)), strides=(1, 1),
+                       pads=(1,) * 4, dilations=(1, 1), group=8)
+    dense = b.emit(Op.CONV, depthwise, b.const(np.ones((8, 8, 1, 1), dtype=np.float32)), strides=(1, 1),
+                   pads=(0,) * 4, dilations=(1, 1), group=1)
+    assert part_columns(g, [_kernel(g, {0}, [depthwise]), _kernel(g, {1}, [dense])]) == {1: [1]}

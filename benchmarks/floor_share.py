@@ -73,12 +73,11 @@ def _loops_only(graph, candidate) -> bool:
 
 
 def floors(name: str, graph, candidates, device, latency: dict[str, float]) -> list[float]:
-    from korch.cost import candidate_bounds, part_columns, part_times
+    from korch.cost import candidate_bounds, measured_parts
 
     if name == "parts":  # the search's floors once its products and convolutions were timed alone
-        columns = part_columns(graph, candidates)
-        alone = {c: latency[candidates[c].signature] for ids in columns.values() for c in ids}
-        return candidate_bounds(graph, candidates, device, parts=part_times(columns, alone))
+        parts = measured_parts(graph, candidates, lambda ids: {c: latency[candidates[c].signature] for c in ids})
+        return candidate_bounds(graph, candidates, device, parts=parts)
     if name.startswith("roofline"):
         bounds = candidate_bounds(graph, candidates, device)
         scale = float(name.removeprefix("roofline") or 1)
@@ -152,9 +151,9 @@ def replay(model: str, db: str | None, floor_models: list[str], slacks: list[flo
         bounds = floors(name, graph, cset.candidates, device, latency)
         oracle = _Replay(cset.candidates, latency, bounds)
         if name == "parts":  # measured before the search starts
-            from korch.cost import part_columns
+            from korch.cost import measured_parts
 
-            oracle.measure([c for ids in part_columns(graph, cset.candidates).values() for c in ids])
+            measured_parts(graph, cset.candidates, oracle.measure)
         kernels, _, _ = solve_segments(graph, cset, segments, bounds, None, measurer=oracle, conversion_cost=moves,
                                        measure_ahead=ahead)
         ratios = sorted(truth[c.id] / b for c, b in zip(cset.candidates, bounds)

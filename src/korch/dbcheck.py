@@ -43,7 +43,7 @@ def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequ
     from korch.backends.db import ProfileDB
     from korch.backends.measure import CALLING_COST, device_key, keyed_versions
     from korch.backends.registry import backends_for, device_for
-    from korch.cost import candidate_bounds, part_columns, part_times
+    from korch.cost import candidate_bounds, measured_parts
     from korch.cost.roofline import BELOW_FLOOR_S
     from korch.pipeline import candidate_kernels, floor_device, load_model
 
@@ -65,10 +65,9 @@ def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequ
 
     best = {s: min(seen(r) for r in records if r.ok) for s, records in found.items() if any(r.ok for r in records)}
     # the floors a search that measured these products and convolutions alone used (``cost/parts.py``)
-    columns = part_columns(graph, candidates)
-    alone = {c: best[candidates[c].signature] for ids in columns.values() for c in ids
-             if candidates[c].signature in best}
-    bounds = candidate_bounds(graph, candidates, device, parts=part_times(columns, alone))
+    parts = measured_parts(graph, candidates, lambda ids: {c: best[candidates[c].signature] for c in ids
+                                                          if candidates[c].signature in best})
+    bounds = candidate_bounds(graph, candidates, device, parts=parts)
     floor: dict[str, tuple[float, str]] = {}
     for candidate, bound in zip(candidates, bounds):
         ops = "+".join(graph.nodes[i].op.value for i in sorted(candidate.nodes))
@@ -79,7 +78,8 @@ def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequ
         bound, ops = floor[signature]
         for record in (r for r in records if r.ok):
             compared += 1
-            if seen(record) < bound - BELOW_FLOOR_S:
-                below.append(BelowFloor(signature, ops, record.backend, seen(record), bound))
+            latency = seen(record)
+            if latency < bound - BELOW_FLOOR_S:
+                below.append(BelowFloor(signature, ops, record.backend, latency, bound))
     below.sort(key=lambda b: b.measured_s / b.floor_s)
     return FloorCheck(key, len(candidates), len(floor), compared, tuple(below))

@@ -244,11 +244,9 @@ MIN_SEARCH_S = 1.0
 def _bounds_with_parts(graph, candidates, device, measurer) -> list[float]:
     """Every candidate's floor once each product and convolution has been measured alone, in every layout
     column (``cost/parts.py``): the measurer compares its kernels with these floors from then on."""
-    from korch.cost import candidate_bounds, part_columns, part_times
+    from korch.cost import candidate_bounds, measured_parts
 
-    columns = part_columns(graph, candidates)
-    alone = measurer.measure([c for ids in columns.values() for c in ids]) if columns else {}
-    bounds = candidate_bounds(graph, candidates, device, parts=part_times(columns, alone))
+    bounds = candidate_bounds(graph, candidates, device, parts=measured_parts(graph, candidates, measurer.measure))
     measurer.bounds = bounds
     return bounds
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from korch.cost import candidate_bounds, part_columns, part_times
+from korch.cost import candidate_bounds, measured_parts
 from korch.cost.devices import cpu_device_from
 from korch.cost.roofline import BELOW_FLOOR_S
 from korch.pipeline import candidate_kernels, load_model
@@ -52,10 +52,8 @@ def test_no_measured_kernel_beats_its_floor(export, model, with_parts):
     candidates = candidate_kernels(graph, "cpu", "measured").candidates  # with the layout columns, as searched
     parts = None
     if with_parts:
-        columns = part_columns(graph, candidates)
-        alone = {c: measured[candidates[c].signature] for ids in columns.values() for c in ids
-                 if measured.get(candidates[c].signature) is not None}
-        parts = part_times(columns, alone)
+        parts = measured_parts(graph, candidates, lambda ids: {
+            c: measured[candidates[c].signature] for c in ids if measured.get(candidates[c].signature) is not None})
         assert parts, "no product or convolution measured alone in every column"
     found, below = set(), []
     for candidate, floor in zip(candidates, candidate_bounds(graph, candidates, device, parts=parts)):

@@ -308,7 +308,7 @@ class KernelMeasurer:
             record = self.best[self.candidates[c].signature]
             latency = math.inf if record is None else self.in_place_s(record)
             if latency < self.bounds[c]:
-                self.stats.below_bound += latency < self.bounds[c] - BELOW_FLOOR_S
+                self.stats.below_bound += int(latency < self.bounds[c] - BELOW_FLOOR_S)  # not within resolution
                 latency = self.bounds[c]
             result[c] = latency
         return result

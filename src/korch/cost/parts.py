@@ -32,7 +32,7 @@ check`` compares every measured kernel with these floors too.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import Op
@@ -74,3 +74,12 @@ def part_times(columns: Mapping[int, list[int]], latency: Mapping[int, float]) -
         if ids and all(math.isfinite(t) for t in seen):
             times[node] = min(seen)
     return times
+
+
+def measured_parts(graph: Graph, candidates: Sequence, latency: Callable[[list[int]], Mapping[int, float]]) \
+        -> dict[int, float]:
+    """Each part's least time alone (``part_times``), its columns priced by ``latency(candidate ids)``: a
+    measurer's, or what a database or an export holds (ids it cannot price are left out of the answer)."""
+    columns = part_columns(graph, candidates)
+    ids = [c for column in columns.values() for c in column]
+    return part_times(columns, latency(ids) if ids else {})

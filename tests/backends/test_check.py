@@ -78,3 +78,33 @@ def test_integers_and_booleans_compare_exactly():
     assert not off.ok and off.message == "i: 1 elements differ" and off.max_abs == 1.0
     assert not check.compare(torch.tensor([True, False]), np.array([True, True]), "b").ok
     assert not check.compare(torch.zeros(2, 3), np.zeros((3, 2), np.float32), "s").ok  # shapes differ
+
+
+def _token_type_lookup() -> Graph:
+    """BERT's token-type embedding as fission lowers it: a 2-row table read at run-time ids, negatives wrapped."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tests.fission.oracle import lower
+
+    table = np.arange(2 * 16, dtype=np.float32).reshape(2, 16)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)], "lookup",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, (4, 32))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4, 32, 16))],
+        [onnx.numpy_helper.from_array(table, "table")])
+    return lower(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
+
+
+def test_ids_a_lookup_reads_are_drawn_within_its_table_for_checks_and_timings():
+    from korch.backends.inductor import InductorBackend
+
+    kernel = _token_type_lookup()
+    assert [n.op for n in kernel.nodes].count(Op.GATHER) == 1 and len(kernel.nodes) > 1  # the wrap of negatives
+    assert check.index_bounds(kernel) == {"ids": 2}
+    drawn = check.random_inputs(kernel)[0]
+    timed = check.RandomArena().inputs(kernel)[0]
+    for ids in (drawn, timed):
+        assert int(ids.min()) == 0 and int(ids.max()) == 1  # both rows read, none past them
+    result = check.check(InductorBackend().build(kernel, "cpu"), kernel)
+    assert result.ok, result.message

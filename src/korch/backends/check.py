@@ -24,6 +24,7 @@ from korch.backends.base import BuiltKernel, stored_as
 from korch.ir import dtypes
 from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS, Graph
 from korch.ir import interpret
+from korch.ir.ops import Op
 
 # relative-norm tolerance for floating-point outputs
 FLOAT_TOLERANCE = 2e-3
@@ -39,14 +40,45 @@ class CheckResult:
 
 def random_inputs(kernel: Graph, seed: int = 0, *, positive: bool = False) -> list[torch.Tensor]:
     """One seeded random CPU tensor per kernel input: normal floats (or in [0.5, 1.5) if ``positive``),
-    small non-negative integers, fair booleans. Input ``i``'s values depend on ``seed``, ``i``, its dtype and
-    shape alone, and are drawn once per process (``_DRAWN``): a search builds and checks thousands of kernels
-    whose inputs share a few shapes, and drawing 8M normals takes numpy 0.36 s, copying them 4 ms."""
+    small non-negative integers (below ``index_bounds`` where a lookup reads them), fair booleans. Input
+    ``i``'s values depend on ``seed``, ``i``, its dtype and shape alone, and are drawn once per process
+    (``_DRAWN``): a search builds and checks thousands of kernels whose inputs share a few shapes, and drawing
+    8M normals takes numpy 0.36 s, copying them 4 ms."""
     def drawn(i: int, t) -> np.ndarray:  # the generator is made only when the values are not held yet
         return _DRAWN.get((seed, i, t.dtype, tuple(t.shape), positive),
                           lambda: _random_values(np.random.default_rng((seed, i)), t.dtype, t.shape, positive))
 
-    return [torch.from_numpy(drawn(i, kernel.tensors[name]).copy()) for i, name in enumerate(kernel.inputs)]
+    bounds = index_bounds(kernel)
+    values = [drawn(i, kernel.tensors[name]).copy() for i, name in enumerate(kernel.inputs)]
+    for name, v in zip(kernel.inputs, values):
+        if name in bounds:
+            np.remainder(v, bounds[name], out=v)
+    return [torch.from_numpy(v) for v in values]
+
+
+def index_bounds(kernel: Graph) -> dict[str, int]:
+    """The integer inputs of ``kernel`` that the indices of a GATHER are computed from, each with the least
+    size of the axes such gathers read. Drawn below it, a lookup stays inside its table (BERT's two token types
+    looked up by ids that are otherwise drawn up to 8), through the steps between (the wrap of negative
+    indices that fission writes): a kernel is not dropped for inputs its model never gives it."""
+    producers, inputs = kernel.producers(), set(kernel.inputs)
+    bounds: dict[str, int] = {}
+    for node in kernel.nodes:
+        if node.op is not Op.GATHER:
+            continue
+        size = max(1, kernel.tensors[node.inputs[0]].shape[node.attrs["axis"]])
+        pending, seen = [node.inputs[1]], set()
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            dtype = kernel.tensors[name].dtype
+            if name in inputs and not dtypes.is_float(dtype) and dtype != "bool":
+                bounds[name] = min(size, bounds.get(name, size))
+            if name in producers:
+                pending.extend(i for i in producers[name].inputs if i)
+    return bounds
 
 
 class _DrawnValues:
@@ -105,9 +137,15 @@ class RandomArena:
         self._used.clear()
 
     def inputs(self, kernel: Graph) -> list[torch.Tensor]:
-        """One view per kernel input, in the input's layout, none overlapping another since the last ``reset``."""
-        return [self.take(kernel.tensors[name].dtype, kernel.tensors[name].shape, kernel.tensors[name].layout)
-                for name in kernel.inputs]
+        """One view per kernel input, in the input's layout, none overlapping another since the last ``reset``;
+        the integers a lookup reads below its table's size (``index_bounds``)."""
+        bounds = index_bounds(kernel)
+        views = [self.take(kernel.tensors[name].dtype, kernel.tensors[name].shape, kernel.tensors[name].layout)
+                 for name in kernel.inputs]
+        for name, view in zip(kernel.inputs, views):
+            if name in bounds:  # values below 8 stay below it: a later view of these elements reads them alike
+                view.remainder_(bounds[name])
+        return views
 
     def take(self, dtype: str, shape, layout: str = CONTIGUOUS) -> torch.Tensor:
         """A view of ``shape`` stored in ``layout``, overlapping none handed out since the last ``reset``."""

@@ -25,7 +25,7 @@ import torch
 
 from korch import heap
 from korch.backends.base import stored_as
-from korch.backends.check import RandomArena
+from korch.backends.check import RandomArena, index_bounds
 from korch.errors import one_line
 from korch.ir.graph import Graph
 
@@ -116,5 +116,8 @@ class InPlaceTimer:
         if name not in values:
             if name not in outside:
                 outside[name] = self._arena.take(tensor.dtype, tensor.shape, tensor.layout)
+                bound = index_bounds(kernel).get(name)
+                if bound is not None:  # ids a lookup reads, drawn within its table as the kernel's check draws them
+                    outside[name].remainder_(bound)
             return outside[name]
         return stored_as(values[name], tensor.layout)  # a copy where the plan converts it, priced apart, untimed

@@ -425,3 +425,47 @@ def test_a_unit_with_pointwise_convolutions_in_mlas_matches_onnx_runtime(tmp_pat
         optimize(_pointwise_conv_model(2), target="cpu", cost="roofline", output=tmp_path / "out", compiled_unit=True)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["unit"]["weights"] == "MLAS by ONNX Runtime" and manifest["check"]["ok"]
+
+
+def _sibling_pointwise_convs_model():
+    """A CSP block's opening: two 1x1 convolutions of one activation (4 and 6 channels), each with its bias and
+    SiLU, then their concatenation and a third 1x1 convolution."""
+    rng = np.random.default_rng(11)
+    nodes, weights = [], []
+    for name, width in (("a", 4), ("b", 6)):
+        nodes += [helper.make_node("Conv", ["x", f"w{name}", f"b{name}"], [f"c{name}"]),
+                  helper.make_node("Sigmoid", [f"c{name}"], [f"s{name}"]),
+                  helper.make_node("Mul", [f"c{name}", f"s{name}"], [name])]
+        weights += [onnx.numpy_helper.from_array(rng.standard_normal((width, 8, 1, 1)).astype(np.float32), f"w{name}"),
+                    onnx.numpy_helper.from_array(rng.standard_normal(width).astype(np.float32), f"b{name}")]
+    nodes += [helper.make_node("Concat", ["a", "b"], ["ab"], axis=1), helper.make_node("Conv", ["ab", "wc"], ["y"])]
+    weights.append(onnx.numpy_helper.from_array(rng.standard_normal((5, 10, 1, 1)).astype(np.float32), "wc"))
+    graph = helper.make_graph(nodes, "csp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 8, 6, 7))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_pointwise_convolutions_of_one_activation_run_as_one_product(channels_last):
+    """The two 1x1 convolutions of one activation are one MLAS call by their weights' columns side by side; each
+    output is its channels of that product, as ONNX Runtime computes the block; the third is a call of its own."""
+    model = _sibling_pointwise_convs_model()
+    result = optimize(model, target="cpu", cost="roofline")
+    module = unit.PlanModule(result.graph, result.plan, ort_kernels=True, channels_last=channels_last)
+    steps = [step for step in module._replaced.values() if step]
+    assert len(module._replaced) == 3 and sorted(len(outputs) for _, _, outputs in steps) == [1, 2]
+    x = np.random.default_rng(3).standard_normal((2, 8, 6, 7)).astype(np.float32)
+    with torch.inference_mode():
+        got = module(torch.from_numpy(x))[0]
+    np.testing.assert_allclose(got.numpy(), run_model(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_with_sibling_pointwise_convolutions_in_mlas_checks(tmp_path):
+    """The MLAS backend's kernel holding both siblings (the way a search measures it) matches the reference."""
+    from korch.backends.mlas import MlasBackend
+    from tests.backends.kernels import check_built
+    from tests.fission.oracle import lower
+
+    kernel = lower(_sibling_pointwise_convs_model())
+    assert MlasBackend().claims(kernel) is None
+    check_built(MlasBackend().build(kernel, "cpu"), kernel)

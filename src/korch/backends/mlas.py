@@ -21,8 +21,8 @@ from korch.backends.torch_ops import kernel_function
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
 
-VERSION = "4"  # 2: CPU kernels timed on warm inputs (timing.timing_inputs); 3: activations as torch's ops;
-# 4: 1x1 convolutions as MLAS products (ort_gemm.pointwise_conv_function)
+VERSION = "5"  # 2: CPU kernels timed on warm inputs (timing.timing_inputs); 3: activations as torch's ops;
+# 4: 1x1 convolutions as MLAS products (ort_gemm.pointwise_conv_function); 5: sibling ones as one product
 
 
 class MlasKernel(InductorKernel):

@@ -253,19 +253,21 @@ def conv1d_function(unit: int, slot: int, node: Node, kernel: int):
     return run
 
 
-def pointwise_conv_function(unit: int, slot: int):
-    """The NodeFn of a ``pointwise_conv_eligible`` CONV, given its weight as ``conv_columns`` (a (C_in, C_out)
-    matrix): the pixels' channels (N * H * W, C_in) times the weight in MLAS, seen as (N, C_out, H, W). The rows
-    are a view of a value stored channels-last (any other is copied so first) and the output is channels-last.
-    oneDNN's convolution spends 15-20 us a call more setting itself up (YOLOX-Nano's 64 -> 64 channels at
-    26x26: 30 against 15 us, 2 threads, Zen 5)."""
+def pointwise_conv_function(unit: int, slot: int, widths: Sequence[int] | None = None):
+    """The NodeFn of ``pointwise_conv_eligible`` CONVs of one activation, given their weights as ``conv_columns``
+    side by side (a (C_in, sum of ``widths``) matrix; one CONV by default): the pixels' channels
+    (N * H * W, C_in) times the weight in MLAS, each CONV's columns seen as (N, C_out, H, W). The rows are a
+    view of a value stored channels-last (any other is copied so first) and the outputs are channels-last (or
+    the channels of one channels-last product). oneDNN's convolution spends 15-20 us a call more setting itself
+    up (YOLOX-Nano's 64 -> 64 channels at 26x26: 30 against 15 us, 2 threads, Zen 5)."""
     def run(x, columns):
         n, c, h, w = x.shape
         # a value computed in the same kernel is laid out channels-last where it is made, not copied by the
         # operator (ATen's transposing copy, on one thread: YOLOX-Nano's SPP concatenation, 85 us a call)
         pixels = x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
-        y = ops().matmul(pixels.reshape(n * h * w, c), columns, unit, slot)
-        return [y.view(n, h, w, columns.shape[1]).permute(0, 3, 1, 2)]
+        y = ops().matmul(pixels.reshape(n * h * w, c), columns, unit, slot).view(n, h, w, columns.shape[1])
+        parts = y.split(list(widths), dim=-1) if widths and len(widths) > 1 else [y]
+        return [part.permute(0, 3, 1, 2) for part in parts]
     return run
 
 

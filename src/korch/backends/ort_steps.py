@@ -24,10 +24,10 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
                  add_constant: Callable[[str, np.ndarray], str],
                  within: Collection[str] | None = None) -> dict[str, Step | None]:
     """The MLAS steps of ``graph`` whose planned ``kernels`` (their primitives' names, in order) are given:
-    products by constant weights (sibling ones as one), products of two activations, 1-D and 1x1 convolutions,
-    and softmaxes within one kernel; with ``within``, only those of these primitives. ``token`` keys the
-    operators' sessions; ``add_constant(name, value)`` adds a constant the steps read (a weight laid out for
-    MLAS) and returns its name."""
+    products by constant weights and 1x1 convolutions (sibling ones as one), products of two activations, 1-D
+    convolutions, and softmaxes within one kernel; with ``within``, only those of these primitives. ``token``
+    keys the operators' sessions; ``add_constant(name, value)`` adds a constant the steps read (a weight laid
+    out for MLAS) and returns its name."""
     nodes = {node.name: node for node in graph.nodes}
     allowed = (lambda name: True) if within is None else within.__contains__
     replaced: dict[str, Step | None] = {}
@@ -35,12 +35,13 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
     for node in (n for n in graph.nodes if allowed(n.name)):
         if ort_gemm.batched_eligible(graph, node):
             replaced[node.name] = (ort_gemm.batched_function(token, next(slots)), node.inputs, node.outputs)
-        elif ort_gemm.conv1d_eligible(graph, node) or ort_gemm.pointwise_conv_eligible(graph, node):
+        elif ort_gemm.conv1d_eligible(graph, node):
             weight = graph.constants[node.inputs[1]]
             columns = add_constant(f"{node.name}/columns", ort_gemm.conv_columns(weight))
-            function = ort_gemm.conv1d_function(token, next(slots), node, weight.shape[2]) if weight.ndim == 3 \
-                else ort_gemm.pointwise_conv_function(token, next(slots))
+            function = ort_gemm.conv1d_function(token, next(slots), node, weight.shape[2])
             replaced[node.name] = (function, (node.inputs[0], columns), node.outputs)
+    for siblings in _siblings(graph, kernels, allowed, ort_gemm.pointwise_conv_eligible):
+        _replace_pointwise_siblings(graph, siblings, token, next(slots), add_constant, replaced)
     kernel_of = {name: i for i, kernel in enumerate(kernels) for name in kernel}
     for softmax in ort_gemm.softmaxes(graph, graph.nodes):
         # its parts in one planned kernel
@@ -48,7 +49,7 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
             replaced.update(dict.fromkeys(softmax.parts))
             last = next(n for n in softmax.parts if nodes[n].output == softmax.output)
             replaced[last] = (ort_gemm.softmax_function(token, next(slots)), (softmax.input,), (softmax.output,))
-    products = _sibling_products(graph, kernels, allowed)
+    products = _siblings(graph, kernels, allowed, ort_gemm.eligible)
     # what ONNX Runtime reads, and the graph's outputs, are one contiguous array each: such products are not
     # left in column blocks
     contiguous = {name for step in replaced.values() if step for name in step[1]}
@@ -58,16 +59,33 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
     return replaced
 
 
-def _sibling_products(graph: Graph, kernels: Sequence[Sequence[str]], allowed: Callable[[str], bool]) \
-        -> list[list[Node]]:
-    """The products by a constant weight ONNX Runtime can run (of the ``allowed`` primitives), grouped by the
-    activation they multiply (attention's query, key and value projections), each group in plan order."""
+def _siblings(graph: Graph, kernels: Sequence[Sequence[str]], allowed: Callable[[str], bool],
+              eligible: Callable[[Graph, Node], bool]) -> list[list[Node]]:
+    """The ``eligible`` primitives (products by a constant weight, or 1x1 convolutions) of the ``allowed``
+    ones, grouped by the activation they multiply (attention's query, key and value projections; the two 1x1
+    convolutions that open a CSP block), each group in plan order."""
     order = {name: i for i, name in enumerate(n for kernel in kernels for n in kernel)}
     groups: dict[str, list[Node]] = {}
-    for node in sorted((n for n in graph.nodes if allowed(n.name) and ort_gemm.eligible(graph, n)),
+    for node in sorted((n for n in graph.nodes if allowed(n.name) and eligible(graph, n)),
                        key=lambda n: order[n.name]):
         groups.setdefault(node.inputs[0], []).append(node)
     return list(groups.values())
+
+
+def _replace_pointwise_siblings(graph: Graph, siblings: list[Node], token: int, slot: int,
+                                add_constant: Callable[[str, np.ndarray], str],
+                                replaced: dict[str, Step | None]) -> None:
+    """One MLAS product for the 1x1 convolutions of one activation, by their weights' columns side by side,
+    computed where the first runs; each output is its channels of that product. Every MLAS call costs about 8
+    us more in a unit than alone (``benchmarks/mlas_call_overhead.py``): YOLOX-Nano's eleven pairs, 11 calls."""
+    first = siblings[0]
+    weights = [graph.constants[n.inputs[1]] for n in siblings]
+    columns = add_constant(f"{first.name}/columns",
+                           np.concatenate([ort_gemm.conv_columns(w) for w in weights], axis=1))
+    widths = [w.shape[0] for w in weights]
+    replaced[first.name] = (ort_gemm.pointwise_conv_function(token, slot, widths), (first.inputs[0], columns),
+                            tuple(n.output for n in siblings))
+    replaced.update(dict.fromkeys(n.name for n in siblings[1:]))
 
 
 def _replace_siblings(graph: Graph, siblings: list[Node], token: int, slot: int, contiguous: set[str],

@@ -96,15 +96,34 @@ def _token_type_lookup() -> Graph:
     return lower(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
 
 
-def test_ids_a_lookup_reads_are_drawn_within_its_table_for_checks_and_timings():
+def _lookup_kernels() -> dict[str, Graph]:
+    """The lookup as one kernel, and the kernel a search also measures with the wrap's condition (ids < 0)
+    computed outside it: its inputs the ids and a boolean (hf_bert's six kernels that failed their check)."""
+    from korch.ir.subgraph import extract
+    from korch.orchestrate.candidates import enumerate_candidates
+
+    graph = _token_type_lookup()
+    kernels = {}
+    wanted = {frozenset(node.op for node in graph.nodes): "whole",
+              frozenset(node.op for node in graph.nodes if node.op is not Op.LESS): "condition outside"}
+    for c in enumerate_candidates(graph).candidates:
+        ops = [graph.nodes[i].op for i in c.nodes]
+        if len(ops) == len(set(ops)) and frozenset(ops) in wanted:
+            kernels[wanted[frozenset(ops)]] = extract(graph, c.nodes, c.inputs, c.outputs)
+    return kernels
+
+
+@pytest.mark.parametrize("which", ["whole", "condition outside"])
+def test_what_a_lookup_reads_is_drawn_within_its_table_for_checks_and_timings(which):
     from korch.backends.inductor import InductorBackend
 
-    kernel = _token_type_lookup()
-    assert [n.op for n in kernel.nodes].count(Op.GATHER) == 1 and len(kernel.nodes) > 1  # the wrap of negatives
-    assert check.index_bounds(kernel) == {"ids": 2}
-    drawn = check.random_inputs(kernel)[0]
-    timed = check.RandomArena().inputs(kernel)[0]
-    for ids in (drawn, timed):
+    kernel = _lookup_kernels()[which]
+    assert [n.op for n in kernel.nodes].count(Op.GATHER) == 1
+    bounds = {"ids": 2} if which == "whole" else {"ids": 2, kernel.inputs[1]: 1}
+    assert check.index_bounds(kernel) == bounds
+    for drawn in (check.random_inputs(kernel), check.RandomArena().inputs(kernel)):
+        ids = drawn[kernel.inputs.index("ids")]
         assert int(ids.min()) == 0 and int(ids.max()) == 1  # both rows read, none past them
+        assert all(not bool(x.any()) for x in drawn if x.dtype == torch.bool)  # ids < 0 nowhere, as drawn
     result = check.check(InductorBackend().build(kernel, "cpu"), kernel)
     assert result.ok, result.message

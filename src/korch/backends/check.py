@@ -40,27 +40,28 @@ class CheckResult:
 
 def random_inputs(kernel: Graph, seed: int = 0, *, positive: bool = False) -> list[torch.Tensor]:
     """One seeded random CPU tensor per kernel input: normal floats (or in [0.5, 1.5) if ``positive``),
-    small non-negative integers (below ``index_bounds`` where a lookup reads them), fair booleans. Input
-    ``i``'s values depend on ``seed``, ``i``, its dtype and shape alone, and are drawn once per process
-    (``_DRAWN``): a search builds and checks thousands of kernels whose inputs share a few shapes, and drawing
-    8M normals takes numpy 0.36 s, copying them 4 ms."""
-    def drawn(i: int, t) -> np.ndarray:  # the generator is made only when the values are not held yet
-        return _DRAWN.get((seed, i, t.dtype, tuple(t.shape), positive),
-                          lambda: _random_values(np.random.default_rng((seed, i)), t.dtype, t.shape, positive))
-
+    small non-negative integers, fair booleans (what a lookup's indices are computed from, as ``index_bounds``
+    says). Input ``i``'s values depend on ``seed``, ``i``, its dtype, shape and bound alone, and are drawn once
+    per process (``_DRAWN``): a search builds and checks thousands of kernels whose inputs share a few shapes,
+    and drawing 8M normals takes numpy 0.36 s, copying them 4 ms."""
     bounds = index_bounds(kernel)
-    values = [drawn(i, kernel.tensors[name]).copy() for i, name in enumerate(kernel.inputs)]
-    for name, v in zip(kernel.inputs, values):
-        if name in bounds:
-            np.remainder(v, bounds[name], out=v)
-    return [torch.from_numpy(v) for v in values]
+
+    def drawn(i: int, name: str) -> np.ndarray:  # the generator is made only when the values are not held yet
+        t, bound = kernel.tensors[name], bounds.get(name)
+        return _DRAWN.get((seed, i, t.dtype, tuple(t.shape), positive, bound),
+                          lambda: _random_values(np.random.default_rng((seed, i)), t.dtype, t.shape, positive, bound))
+
+    return [torch.from_numpy(drawn(i, name).copy()) for i, name in enumerate(kernel.inputs)]
 
 
 def index_bounds(kernel: Graph) -> dict[str, int]:
-    """The integer inputs of ``kernel`` that the indices of a GATHER are computed from, each with the least
-    size of the axes such gathers read. Drawn below it, a lookup stays inside its table (BERT's two token types
-    looked up by ids that are otherwise drawn up to 8), through the steps between (the wrap of negative
-    indices that fission writes): a kernel is not dropped for inputs its model never gives it."""
+    """The inputs of ``kernel`` that the indices of a GATHER are computed from, each with the bound its values
+    are drawn below: an integer one the least size of the axes such gathers read (drawn all over it, as a
+    model's token ids spread over its table), a boolean one 1 (drawn False). Drawn so, a lookup stays inside
+    its table (BERT's two token types, looked up by ids otherwise drawn up to 8), through the steps between;
+    a condition outside the kernel, the ``ids < 0`` of the wrap of negative indices that fission writes, agrees
+    with the non-negative ids drawn for it (drawn fair, it added the table's size to half of them). A kernel
+    is not dropped for inputs its model never gives it."""
     producers, inputs = kernel.producers(), set(kernel.inputs)
     bounds: dict[str, int] = {}
     for node in kernel.nodes:
@@ -74,8 +75,9 @@ def index_bounds(kernel: Graph) -> dict[str, int]:
                 continue
             seen.add(name)
             dtype = kernel.tensors[name].dtype
-            if name in inputs and not dtypes.is_float(dtype) and dtype != "bool":
-                bounds[name] = min(size, bounds.get(name, size))
+            if name in inputs and not dtypes.is_float(dtype):
+                bound = 1 if dtype == "bool" else size
+                bounds[name] = min(bound, bounds.get(name, bound))
             if name in producers:
                 pending.extend(i for i in producers[name].inputs if i)
     return bounds
@@ -108,13 +110,15 @@ class _DrawnValues:
 _DRAWN = _DrawnValues(256 << 20)
 
 
-def _random_values(rng: np.random.Generator, dtype: str, shape, positive: bool = False) -> np.ndarray:
+def _random_values(rng: np.random.Generator, dtype: str, shape, positive: bool = False,
+                   bound: int | None = None) -> np.ndarray:
+    """Values as ``random_inputs`` draws them; integers and booleans below ``bound`` where one is given."""
     if dtypes.is_float(dtype):
         v = rng.uniform(0.5, 1.5, shape) if positive else rng.standard_normal(shape)
     elif dtype == "bool":
-        v = rng.random(shape) < 0.5
+        v = rng.random(shape) < 0.5 if bound is None else np.zeros(shape, dtype=bool)
     else:
-        v = rng.integers(0, 8, shape)
+        v = rng.integers(0, 8 if bound is None else bound, shape)
     return np.asarray(v).astype(dtype)
 
 
@@ -138,14 +142,18 @@ class RandomArena:
 
     def inputs(self, kernel: Graph) -> list[torch.Tensor]:
         """One view per kernel input, in the input's layout, none overlapping another since the last ``reset``;
-        the integers a lookup reads below its table's size (``index_bounds``)."""
+        what a lookup's indices are computed from within ``index_bounds``."""
         bounds = index_bounds(kernel)
         views = [self.take(kernel.tensors[name].dtype, kernel.tensors[name].shape, kernel.tensors[name].layout)
                  for name in kernel.inputs]
         for name, view in zip(kernel.inputs, views):
-            if name in bounds:  # values below 8 stay below it: a later view of these elements reads them alike
-                view.remainder_(bounds[name])
+            if name in bounds:
+                self.draw_below(view, kernel.tensors[name].dtype, bounds[name])
         return views
+
+    def draw_below(self, view: torch.Tensor, dtype: str, bound: int) -> torch.Tensor:
+        """``view``'s integers or booleans drawn again below ``bound`` (``index_bounds``), in place."""
+        return view.copy_(torch.from_numpy(_random_values(self._rng, dtype, tuple(view.shape), bound=bound)))
 
     def take(self, dtype: str, shape, layout: str = CONTIGUOUS) -> torch.Tensor:
         """A view of ``shape`` stored in ``layout``, overlapping none handed out since the last ``reset``."""

@@ -117,7 +117,7 @@ class InPlaceTimer:
             if name not in outside:
                 outside[name] = self._arena.take(tensor.dtype, tensor.shape, tensor.layout)
                 bound = index_bounds(kernel).get(name)
-                if bound is not None:  # ids a lookup reads, drawn within its table as the kernel's check draws them
-                    outside[name].remainder_(bound)
+                if bound is not None:  # what a lookup's indices come from, drawn as the kernel's check draws it
+                    self._arena.draw_below(outside[name], tensor.dtype, bound)
             return outside[name]
         return stored_as(values[name], tensor.layout)  # a copy where the plan converts it, priced apart, untimed

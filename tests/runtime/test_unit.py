@@ -626,3 +626,40 @@ def test_activations_and_biases_are_the_librarys_post_ops_in_a_packed_unit():
     x = np.random.default_rng(6).normal(0, 3, (1, 3, 6, 8)).astype(np.float32)
     got = unit.CompiledUnit.from_bytes(package)(torch.from_numpy(x))[0].numpy()
     np.testing.assert_allclose(got, run_model(model, {"x": x})["y"], rtol=1e-4, atol=1e-4)
+
+
+def _depthwise_model() -> onnx.ModelProto:
+    """ConvNeXt's depthwise convolution: 7x7 over 16 channels, padded to keep the size, then a ReLU."""
+    weight = np.random.default_rng(2).standard_normal((16, 1, 7, 7)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], group=16, pads=[3, 3, 3, 3]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "depthwise",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 16, 12, 12))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [onnx.numpy_helper.from_array(weight, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_with_planned_layouts_a_unit_computes_each_kernel_as_it_was_measured(layout):
+    """A unit of a plan that chose its kernels' layouts runs each kernel's operations in that kernel's layout, as
+    the kernel's measurement did (``torch_ops.kernel_function``): a depthwise convolution of an NCHW kernel is
+    the library's, of a channels-last one its taps' sum. Channels-last boundaries made every kernel's taps, 3.5x
+    the time the plan priced for ConvNeXt's NCHW 7x7 ones. Without planned layouts the boundaries still decide."""
+    result = optimize(_depthwise_model(), target="cpu", cost="roofline")
+    plan = dataclasses.replace(result.plan, kernels=tuple(dataclasses.replace(k, layout=layout)
+                                                          for k in result.plan.kernels))
+
+    def conv_step(variant):
+        module = unit.plan_module(result.graph, plan, "cpu", variant)
+        conv = next(node for node in result.graph.nodes if node.op.value == "Conv")
+        return next(fn for kernel in module._kernels for fn, ins, outs in kernel if outs == conv.outputs)
+
+    planned = dataclasses.replace(unit.VARIANTS["packed for oneDNN"], planned_layouts=True)
+    taps = conv_step(planned).__qualname__.startswith("_depthwise_conv")
+    assert taps == (layout == "channels_last")
+    assert conv_step(unit.VARIANTS["packed for oneDNN"]).__qualname__.startswith("_depthwise_conv")
+    x = torch.randn(1, 16, 12, 12)
+    with torch.inference_mode():
+        got = unit.plan_module(result.graph, plan, "cpu", planned)(x)[0]
+    np.testing.assert_allclose(got.numpy(), run_model(_depthwise_model(), {"x": x.numpy()})["y"], rtol=1e-4, atol=1e-4)

@@ -7,7 +7,7 @@ primitives, in plan order, each kernel's operations annotated with its index,
 ``torch.fx.traceback.annotate``), exported and compiled by AOTInductor into a
 ``.pt2`` package: one shared library whose C++ wrapper calls the kernels and
 the vendor libraries (oneDNN, MKL through ATen) with no Python between them,
-plus the weights. ``CompiledUnit`` opens it through the package loader,
+plus the weights. ``CompiledUnit`` (``unit_package.py``) opens it through the package loader,
 without a compiler.
 
 Inductor must compile the plan korch chose, not a plan of its own: while the
@@ -46,14 +46,13 @@ import random
 import re
 import tempfile
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from korch import heap
 from korch.backends import ort_gemm, ort_steps
 from korch.backends.freezing import frozen_compile
 from korch.backends.inductor import LibraryConvBackend
@@ -68,8 +67,8 @@ from korch.ir.ops import Op
 from korch.ir.sizes import SizeFunctions
 from korch.orchestrate.plan import Plan
 from korch.runtime.boundaries import LAYOUT, TAG, kernel_boundaries
+from korch.runtime.unit_package import UNIT_FILE, CompiledUnit  # noqa: F401 (unit.CompiledUnit)
 
-UNIT_FILE = "model.pt2"
 # a unit's boundaries where the plan chose each value's layout; its 1x1 convolutions where it chose each kernel's form
 PLANNED = "as planned"
 
@@ -261,8 +260,7 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
     if reason:
         raise KorchError(f"no compiled unit: {reason}")
     dynamic = size_range.dynamic_shapes(graph) if size_range else None
-    module = PlanModule(graph, plan, device, variant.ort_kernels, size_range.sizes if dynamic else None,
-                        variant.channels_last_boundaries, variant.pointwise_products, variant.ort_within).eval()
+    module = plan_module(graph, plan, device, variant, size_range.sizes if dynamic else None)
     inputs = example_inputs(graph, device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside export and AOTInductor
@@ -279,6 +277,15 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
                 torch._inductor.config.patch({"aot_inductor.force_mmap_weights": True}):
             path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))
             return Path(path).read_bytes()
+
+
+def plan_module(graph: Graph, plan: Plan, device: str, variant: Variant, sizes=None) -> PlanModule:
+    """The module a unit of ``variant`` compiles. With planned layouts each kernel computes as it was measured,
+    in its own layout: channels-last boundaries made every kernel's depthwise convolutions taps, ConvNeXt's
+    7x7 ones of NCHW-planned kernels 3.5x their oneDNN time, which the plan had priced."""
+    return PlanModule(graph, plan, device, variant.ort_kernels, sizes,
+                      variant.channels_last_boundaries and not variant.planned_layouts, variant.pointwise_products,
+                      variant.ort_within).eval()
 
 
 def own_variants(graph: Graph, plan: Plan) -> dict[str, Variant]:
@@ -465,36 +472,3 @@ def check_compatible(recorded: dict, where: str) -> None:
         # units of korch before 2026-11-24 called a Python operator (korch::ort_matmul) that is gone
         raise KorchError(f"{where}: its compiled unit calls an ONNX Runtime GEMM operator of an earlier korch: "
                          "run korch optimize again")
-
-
-class CompiledUnit:
-    """A loaded ``model.pt2``: ``unit(*inputs) -> tuple of outputs`` (fresh tensors); ``libraries``, the paths of
-    the operator libraries it calls (korch_ort's), are opened first. Loading one has the process keep the memory
-    a call frees for the next (``heap.keep_freed_memory``).
-
-    The package's loader is called directly (``torch._C._aoti``): ``torch._inductor.aoti_load_package``
-    would import Inductor and Dynamo (1.5 s) and flatten the arguments with pytree on every call, and a
-    unit's inputs and outputs are already flat tuples of tensors.
-    """
-
-    def __init__(self, package: str | os.PathLike, libraries: Sequence[Path] = ()):
-        heap.keep_freed_memory()
-        for path in libraries:
-            ort_gemm.open_library(path)
-        try:
-            self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
-        except Exception as exc:  # a package torch cannot open: a damaged or foreign file
-            raise KorchError(f"{package}: cannot load the compiled unit ({type(exc).__name__}): "
-                             "run korch optimize again") from None
-
-    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(self._loader.boxed_run(list(inputs)))
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> "CompiledUnit":
-        # the loader unpacks the package into a directory of its own, so the file can go once loaded
-        with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp:
-            path = Path(tmp) / UNIT_FILE
-            path.write_bytes(data)
-            return cls(path)
-

@@ -22,7 +22,7 @@ import torch
 
 from korch.backends.base import BuiltKernel, stored_as
 from korch.ir import dtypes
-from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS, Graph
+from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS, Graph, Tensor
 from korch.ir import interpret
 from korch.ir.ops import Op
 
@@ -144,16 +144,15 @@ class RandomArena:
         """One view per kernel input, in the input's layout, none overlapping another since the last ``reset``;
         what a lookup's indices are computed from within ``index_bounds``."""
         bounds = index_bounds(kernel)
-        views = [self.take(kernel.tensors[name].dtype, kernel.tensors[name].shape, kernel.tensors[name].layout)
-                 for name in kernel.inputs]
-        for name, view in zip(kernel.inputs, views):
-            if name in bounds:
-                self.draw_below(view, kernel.tensors[name].dtype, bounds[name])
-        return views
+        return [self.input(kernel.tensors[name], bounds.get(name)) for name in kernel.inputs]
 
-    def draw_below(self, view: torch.Tensor, dtype: str, bound: int) -> torch.Tensor:
-        """``view``'s integers or booleans drawn again below ``bound`` (``index_bounds``), in place."""
-        return view.copy_(torch.from_numpy(_random_values(self._rng, dtype, tuple(view.shape), bound=bound)))
+    def input(self, tensor: Tensor, bound: int | None = None) -> torch.Tensor:
+        """A view for ``tensor`` (``take``), its integers or booleans drawn again below ``bound`` where one is
+        given (``index_bounds``)."""
+        view = self.take(tensor.dtype, tensor.shape, tensor.layout)
+        if bound is not None:
+            view.copy_(torch.from_numpy(_random_values(self._rng, tensor.dtype, tuple(view.shape), bound=bound)))
+        return view
 
     def take(self, dtype: str, shape, layout: str = CONTIGUOUS) -> torch.Tensor:
         """A view of ``shape`` stored in ``layout``, overlapping none handed out since the last ``reset``."""

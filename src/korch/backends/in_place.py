@@ -115,9 +115,7 @@ class InPlaceTimer:
         tensor = kernel.tensors[name]
         if name not in values:
             if name not in outside:
-                outside[name] = self._arena.take(tensor.dtype, tensor.shape, tensor.layout)
-                bound = index_bounds(kernel).get(name)
-                if bound is not None:  # what a lookup's indices come from, drawn as the kernel's check draws it
-                    self._arena.draw_below(outside[name], tensor.dtype, bound)
+                # what a lookup's indices come from drawn as the kernel's check draws it
+                outside[name] = self._arena.input(tensor, index_bounds(kernel).get(name))
             return outside[name]
         return stored_as(values[name], tensor.layout)  # a copy where the plan converts it, priced apart, untimed

@@ -79,13 +79,10 @@ def _replace_pointwise_siblings(graph: Graph, siblings: list[Node], token: int, 
     computed where the first runs; each output is its channels of that product. Every MLAS call costs about 8
     us more in a unit than alone (``benchmarks/mlas_call_overhead.py``): YOLOX-Nano's eleven pairs, 11 calls."""
     first = siblings[0]
-    weights = [graph.constants[n.inputs[1]] for n in siblings]
-    columns = add_constant(f"{first.name}/columns",
-                           np.concatenate([ort_gemm.conv_columns(w) for w in weights], axis=1))
-    widths = [w.shape[0] for w in weights]
+    columns = _weights_side_by_side(graph, siblings, add_constant, replaced, ort_gemm.conv_columns)
+    widths = [graph.tensor(n.inputs[1]).shape[0] for n in siblings]
     replaced[first.name] = (ort_gemm.pointwise_conv_function(token, slot, widths), (first.inputs[0], columns),
                             tuple(n.output for n in siblings))
-    replaced.update(dict.fromkeys(n.name for n in siblings[1:]))
 
 
 def _replace_siblings(graph: Graph, siblings: list[Node], token: int, slot: int, contiguous: set[str],
@@ -97,12 +94,22 @@ def _replace_siblings(graph: Graph, siblings: list[Node], token: int, slot: int,
     (``ort_gemm.column_blocks``), unless an output is one of ``contiguous``."""
     first = siblings[0]
     widths = [graph.tensor(n.output).shape[-1] for n in siblings]
-    weight = first.inputs[1]
-    if len(siblings) > 1:
-        weight = add_constant(f"{first.name}/siblings",
-                              np.concatenate([graph.constants[n.inputs[1]] for n in siblings], axis=1))
-        replaced.update(dict.fromkeys(n.name for n in siblings[1:]))
+    weight = _weights_side_by_side(graph, siblings, add_constant, replaced)
     blocks = 1 if any(n.output in contiguous for n in siblings) else \
         ort_gemm.column_blocks(graph.tensor(first.inputs[1]).shape[0], sum(widths))
     replaced[first.name] = (ort_gemm.product_function(token, slot, widths, blocks), (first.inputs[0], weight),
                             tuple(n.output for n in siblings))
+
+
+def _weights_side_by_side(graph: Graph, siblings: list[Node], add_constant: Callable[[str, np.ndarray], str],
+                          replaced: dict[str, Step | None], columns: Callable[[np.ndarray], np.ndarray] | None = None) \
+        -> str:
+    """The name of the siblings' weights side by side, one matrix (each as ``columns`` lays it out, a
+    convolution's ``conv_columns``; a lone product's own weight as it is); the siblings after the first are
+    computed by the first's step (None in ``replaced``)."""
+    first = siblings[0]
+    replaced.update(dict.fromkeys(n.name for n in siblings[1:]))
+    if columns is None and len(siblings) == 1:
+        return first.inputs[1]
+    matrices = [(columns or np.asarray)(graph.constants[n.inputs[1]]) for n in siblings]
+    return add_constant(f"{first.name}/{'columns' if columns else 'siblings'}", np.concatenate(matrices, axis=1))

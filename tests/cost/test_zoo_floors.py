@@ -6,7 +6,8 @@ as the search sees it) with that host's probe record, written by
 ``benchmarks/floor_share.py --export``: every candidate of three models on an
 Intel Xeon (2026-11-25), and what the seven models' searches measured on a
 Zen 4 EPYC (2026-11-30, ``--known-only``: a part of the convolution networks'
-candidates; Segformer-B0's from a search that measured 99% of them, 2026-12-01). The floors are computed here from the same record, so a floor
+candidates; Segformer-B0's from a search that measured 99% of them,
+2026-12-01). The floors are computed here from the same record, so a floor
 model that claims more than that host did fails.
 
 The floors with products and convolutions timed alone (``cost/parts.py``)

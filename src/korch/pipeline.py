@@ -215,6 +215,7 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
             stats["measurement"]["in_place"] = {
                 "sequences": in_place.sequences, "kernels_timed": in_place.timed, "seconds": in_place.seconds,
                 "kernels_built": in_place.built, "build_s": in_place.build_s, "failure": in_place.failure,
+                "from_database": in_place.from_database,
                 "planned_kernels": sum(r.timed_in_place for r in segment_reports)}
             in_place.close()  # before the unit compiles: the kernels built here and their values are done with
         _warn_if_disturbed(stats["measurement"])
@@ -266,13 +267,13 @@ def _in_place_timer(measurer, graph, candidates, device):
     plans), and the sequence, Python calling each kernel, overstates small ones; where they overflow it far, a
     kernel runs faster alone than in the unit (Segformer-B0's 128 MiB candidates)."""
     from korch import config
-    from korch.backends.in_place import InPlaceTimer
+    from korch.backends.in_place import InPlaceTimer, StoredPrices
 
     if measurer.device != "cpu" or config.in_place == "off":
         return None
     if config.in_place != "on" and not _overflows_cache(graph, candidates, IN_PLACE_CACHES * device.cache_bytes):
         return None
-    return InPlaceTimer(measurer)
+    return InPlaceTimer(measurer, StoredPrices(measurer))
 
 
 def _overflows_cache(graph, candidates, cache_bytes: int) -> bool:

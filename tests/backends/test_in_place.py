@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from korch import config
-from korch.backends.in_place import SEQUENCE_RUNS, InPlaceTimer
+from korch.backends.db import ProfileDB
+from korch.backends.in_place import PLACE_PREFIX, SEQUENCE_RUNS, InPlaceTimer, StoredPrices
 from korch.ir import Op
 from korch.ir.graph import CHANNELS_LAST, CONTIGUOUS
 from korch.ir.subgraph import extract
@@ -96,6 +97,12 @@ def test_a_measured_cpu_plan_is_priced_in_place(tmp_path):
     assert plan.predicted_latency_s == pytest.approx(sum(k.cost_s for k in plan.kernels)
                                                      + sum(c.cost_s for c in plan.conversions))
     assert f"- priced in place: {len(plan.kernels)} planned kernels at their times in sequence" in render_markdown(plan)
+    with config.patch(in_place="on"):  # a second search finds the first one's prices in place
+        again = optimize(model, target="cpu", cost="measured", db=tmp_path / "p.sqlite").plan
+    second = again.stats["measurement"]["in_place"]
+    assert second["sequences"] == second["kernels_timed"] == 0 and second["from_database"] >= len(again.kernels)
+    assert again.predicted_latency_s == plan.predicted_latency_s
+    assert f"{second['from_database']} prices from earlier searches" in render_markdown(again)
     for setting in ("off", "auto"):  # by default only where values overflow the cache: these are 2 KiB
         with config.patch(in_place=setting):
             alone = optimize(model, target="cpu", cost="measured", db=tmp_path / "p.sqlite").plan
@@ -144,3 +151,39 @@ def test_closing_the_timer_lets_go_of_its_kernels():
     assert timer.built == 3
     timer.close()
     assert timer.built == 0 and timer.time([0, 1, 2]) and timer.built == 3  # built again when asked again
+
+
+def _stored(tmp_path, name="t", version="1", chosen="recording"):
+    """Prices in place kept in a database at ``tmp_path`` for the candidates of a chain of three primitives in
+    model ``name``, their kernels measured by backend ``chosen`` at ``version``."""
+    g, b = _graph((1, 4, 3, 3))
+    g.name = name
+    g.outputs = [b.emit(Op.NEG, b.emit(Op.EXP, b.emit(Op.RELU, "in0")))]
+    candidates = enumerate_candidates(g).candidates
+    measurer = SimpleNamespace(graph=g, candidates=candidates, db=ProfileDB(tmp_path / "p.sqlite"), device_key="cpu:t",
+                               versions={"recording": version, "other": "1"},
+                               record_for=lambda c: SimpleNamespace(backend=chosen))
+    return StoredPrices(measurer), [c.id for c in candidates]
+
+
+def test_prices_in_place_are_kept_by_the_kernels_place_model_and_backend_version(tmp_path):
+    stored, ids = _stored(tmp_path)
+    stored.put({c: 1e-6 * (c + 1) for c in ids})
+    assert len({stored.signature(c) for c in ids}) == len(ids)  # one place each, none a kernel's own signature
+    assert all(stored.signature(c).startswith(PLACE_PREFIX) for c in ids)
+    assert _stored(tmp_path)[0].lookup(ids) == {c: 1e-6 * (c + 1) for c in ids}  # a later search finds them
+    for changed in ({"name": "u"}, {"version": "2"}, {"chosen": "other"}):  # another model, version, backend
+        assert _stored(tmp_path, **changed)[0].lookup(ids) == {}
+
+
+def test_a_timer_keeps_each_kernels_first_price_and_finds_an_earlier_searchs():
+    kernels, backend = _chain(), Recording()
+    measurer = _measurer(kernels, backend)
+    puts = []
+    stored = SimpleNamespace(put=lambda prices: puts.append(dict(prices)),
+                             lookup=lambda ids: {0: 5.0} if 0 in ids else {})
+    timer = InPlaceTimer(measurer, stored)
+    assert timer.known([0, 1]) == {0: 5.0} and timer.from_database == 1
+    timer.time([0, 1, 2])
+    timer.time([0, 1, 2])
+    assert [set(p) for p in puts] == [{1, 2}, set()]  # kernel 0's price was stored before; 1 and 2 once

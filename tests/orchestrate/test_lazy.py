@@ -369,6 +369,36 @@ def test_priced_in_place_the_plan_is_the_optimum_of_the_in_place_latencies(seed)
     assert all(result.placed[c] == pytest.approx(oracle.latency[c] * factor[c]) for c in result.placed)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_prices_in_place_an_earlier_search_found_stand_and_only_the_other_kernels_run_in_sequence(seed):
+    p, bounds = setup(seed)
+    oracle = Oracle(bounds, seed)
+    factor = np.random.default_rng(seed + 100).uniform(1, 2, len(bounds))
+    in_place = [latency * f for latency, f in zip(oracle.latency, factor)]
+    first = solve_lazily(p, bounds, oracle, in_place=lambda order: {c: in_place[c] for c in order})
+    assert first.sequences >= 1
+    # from the first search's measurements and prices in place, its optimum is proven again with fewer sequences
+    # (a price of a kernel not measured alone stays out)
+    unmeasured = next(c for c in range(len(bounds)) if c not in first.measured)
+    sequences = []
+    result = solve_lazily(p, bounds, Oracle(bounds, seed), measured=first.measured,
+                          in_place=lambda order: sequences.append(order) or {c: in_place[c] for c in order},
+                          placed={**first.placed, unmeasured: 0.0})
+    assert result.solution.optimal and result.solution.objective == pytest.approx(first.solution.objective, rel=1e-9)
+    assert result.sequences == len(sequences) < first.sequences  # a dive's plan may bring kernels no sequence ran
+    assert all(result.placed[c] == price for c, price in first.placed.items()) and unmeasured not in result.placed
+    # with half of them (not one of the optimum's), the others are priced in sequence (1% dearer this time), the
+    # earlier ones stand
+    half = {c: price for c, price in list(first.placed.items())[::2] if c != first.solution.order[0]}
+    again = solve_lazily(p, bounds, Oracle(bounds, seed), measured=first.measured, placed=half,
+                         in_place=lambda order: {c: in_place[c] * 1.01 for c in order})
+    assert again.sequences >= 1 and again.solution.optimal
+    assert all(again.placed[c] == (half[c] if c in half else pytest.approx(in_place[c] * 1.01)) for c in again.placed)
+    # seeds only stand where kernels are priced in place at all
+    alone = solve_lazily(p, bounds, Oracle(bounds, seed), measured=first.measured, placed=first.placed)
+    assert alone.placed == {} and alone.solution.objective <= result.solution.objective
+
+
 def test_a_sequence_that_does_not_run_leaves_the_times_alone_in_force():
     p, bounds = setup(0)
     oracle = Oracle(bounds, 0)

@@ -78,7 +78,7 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
                  first: Sequence[bool] | None = None,
                  on_round: Callable[[int, int], None] | None = None,
                  in_place: Callable[[Sequence[int]], Mapping[int, float]] | None = None,
-                 measure_ahead: int = 0) -> LazyResult:
+                 placed: Mapping[int, float] | None = None, measure_ahead: int = 0) -> LazyResult:
     """The cheapest executable plan under measured latencies, measuring as few candidates as it can.
 
     ``problem.costs`` is ignored: a candidate costs ``measured[c]`` when known
@@ -104,6 +104,8 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     with then has its kernels not yet priced in place run in sequence, and so do the optima over the measured
     kernels at the prices found so (``END_SEQUENCES`` sequences at most): the cheapest in place answers, its
     objective its price there (its gap grows to match).
+    ``placed``: prices in place an earlier search found (``InPlaceTimer.known``), with ``in_place``: those of
+    kernels measured here (in ``measured``) stand as if a sequence of this search had found them.
     ``measure_ahead``: unmeasured columns a round measures beside its plan's, at most: those that the root relaxation's
     reduced costs leave in reach of a plan cheaper than the cheapest measured one (``Solver.could_improve``),
     least reduced cost first, and no more than the time limit leaves room for at the slowest pace measured (once
@@ -117,7 +119,8 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
             raise ValueError(f"candidate {c} has lower bound {bound}: bounds must be >= 0")
     known = {c: float(v) for c, v in (measured or {}).items()}
     fresh: dict[int, float] = {}
-    placed: dict[int, float] = {}
+    placed = {c: max(float(v), bounds[c]) for c, v in (placed or {}).items() if in_place is not None and c in known}
+    known.update(placed)
     sequences = 0
 
     def final(c: int) -> bool:  # priced for good: measured, and in place where kernels are priced so

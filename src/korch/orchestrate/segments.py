@@ -7,7 +7,9 @@ returns the chosen candidates as ``PlannedKernel``s in an executable order,
 with one ``SegmentReport`` per segment. The measurer is any object with
 ``known``, ``measure`` and ``record_for`` (``backends.measure.KernelMeasurer``);
 an in-place timer (``backends.in_place.InPlaceTimer``) prices the optimum's
-kernels as they run in sequence. This layer never builds a kernel itself.
+kernels as they run in sequence (``time``), and answers with the prices an
+earlier search of the model found (``known``). This layer never builds a
+kernel itself.
 """
 
 from __future__ import annotations
@@ -78,8 +80,10 @@ def _solve_segment(problem, ids, bounds, measurer, time_limit, first, in_place=N
         timed = in_place.time([ids[c] for c in order if c < len(ids)])
         return timed and {c: timed[ids[c]] if c < len(ids) else problem.costs[c] for c in order}
 
+    earlier = in_place.known([i for c, i in enumerate(ids) if c in measured]) if in_place else {}
     result = solve_lazily(problem, local_bounds, _SegmentOracle(measurer, ids), measured=measured,
                           time_limit=time_limit, first=first, in_place=in_sequence if in_place else None,
+                          placed={c: earlier[i] for c, i in enumerate(ids) if i in earlier},
                           measure_ahead=measure_ahead)
     solving = {"solves": result.rounds, "proofs": result.proofs, "solve_s": result.solve_s,
                "dominated": result.dominated, "in_place_rounds": result.sequences,

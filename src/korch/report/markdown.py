@@ -47,7 +47,9 @@ def _measurement(m: dict | None) -> list[str]:
 
 def in_place_summary(p: dict) -> str:
     """What pricing the optimum's kernels in sequence took (``backends/in_place.py``)."""
-    return (f"{p['planned_kernels']} planned kernels at their times in sequence; {p['sequences']} sequences run, "
+    return (f"{p['planned_kernels']} planned kernels at their times in sequence; "
+            + (f"{p['from_database']} prices from earlier searches, " if p.get("from_database") else "")
+            + f"{p['sequences']} sequences run, "
             f"{p['kernels_timed']} kernel timings, {p.get('kernels_built', '?')} kernels built here; "
             f"{p['seconds']:.1f} s ({p.get('build_s', 0):.1f} s building)"
             + (f"; a sequence failed, the rest priced alone: {p['failure']}" if p.get("failure") else ""))

@@ -109,8 +109,8 @@ def test_an_oracle_that_skips_a_candidate_is_refused():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_proof_cut_short_by_its_budget_is_tried_again_until_it_holds(seed, monkeypatch):
-    """Proving rounds start with a tiny branch-and-cut budget, doubled until the plan is proven: the result is
-    the optimum of measuring everything, proven, never a plan left unproven at a budget."""
+    """Proving rounds start with a tiny branch-and-cut budget, lifted once nothing is left to measure: the result
+    is the optimum of measuring everything, proven, never a plan left unproven at a budget."""
     from korch.orchestrate import lazy
 
     monkeypatch.setattr(lazy, "PROOF_BUDGET_S", 1e-6)

@@ -35,9 +35,10 @@ from korch.orchestrate.solver import InfeasibleError, Solution, Solver
 # A measured latency may sit this far (relative) below its bound before the
 # oracle counts as broken: float noise, not a faster kernel.
 BOUND_TOLERANCE = 1e-9
-# Seconds of branch and cut a proving round starts with, doubled each time its plan, all measured, stays
-# unproven: a round whose plan is not the optimum stops early with a better plan to measure instead of proving
-# first (YOLOX-Nano's measured layout program: 20 minutes of branch and cut in one round before this)
+# Seconds of branch and cut a proving round starts with, unlimited once its plan, all measured, stays unproven
+# with nothing left to measure: a round whose plan is not the optimum stops early with a better plan to measure
+# instead of proving first (YOLOX-Nano's measured layout program: 20 minutes of branch and cut in one round
+# before this); doubled instead, EfficientViT's proofs priced in place took 580 s of solving, 254 s unlimited
 PROOF_BUDGET_S = 10.0
 # A measured plan within this (relative) of the lower bound is proven optimal (the solver's tolerance)
 PROVEN_TOLERANCE = 1e-7
@@ -91,8 +92,8 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
     at most; else the cheapest of the rounds' plans), flagged not optimal, its
     gap taken against the highest lower bound a round proved (valid for the
     true latencies: no unmeasured kernel beats its bound).
-    A proving round runs branch and cut for ``PROOF_BUDGET_S`` at first, twice
-    that each time its plan stays unproven, so that a plan that is not optimal
+    A proving round runs branch and cut for ``PROOF_BUDGET_S`` at first, with no
+    limit once its plan stays unproven with nothing left to measure, so that a plan that is not optimal
     gives way to a better one (measured next) before any proof completes.
     ``on_round(round, count)`` is called before each round's measurement with
     the number of candidates about to be measured.
@@ -202,8 +203,8 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
             # measured, they raise it toward the plan, which branch and cut then proves sooner
             todo = [] if quick else [c for c in solver.relaxed if c not in known]
             if not todo:
-                if not quick:
-                    budget *= 2  # nothing left to measure there: prove again with twice the time
+                if not quick:  # nothing left to measure there: the next proof runs to its end (or to a cheaper
+                    budget = math.inf  # plan to measure or price): cut short again, it would only start again
                 quick = False  # a dive's plan, all measured but unproven: the next round proves it or measures more
                 continue
         quick = True

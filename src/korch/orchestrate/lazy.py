@@ -120,8 +120,9 @@ def solve_lazily(problem: Problem, bounds: Sequence[float], oracle: CostOracle, 
             raise ValueError(f"candidate {c} has lower bound {bound}: bounds must be >= 0")
     known = {c: float(v) for c, v in (measured or {}).items()}
     fresh: dict[int, float] = {}
-    placed = {c: max(float(v), bounds[c]) for c, v in (placed or {}).items() if in_place is not None and c in known}
-    known.update(placed)
+    earlier = {c: v for c, v in (placed or {}).items() if c in known} if in_place is not None else {}
+    placed = {}
+    _place(list(earlier), earlier, bounds, known, placed)  # as if a sequence here had priced them
     sequences = 0
 
     def final(c: int) -> bool:  # priced for good: measured, and in place where kernels are priced so

@@ -198,7 +198,8 @@ def test_a_cpu_kernels_product_is_packed_for_onednn_as_in_the_unit_its_gelu_a_po
 
 
 def _pointwise_conv_model():
-    """A 1x1 convolution with its bias and a ReLU, then a 3x3 one."""
+    """A 1x1 convolution with its bias and a ReLU, then a 3x3 one (of 16 output channels: not one of few,
+    ``torch_ops.narrow_conv_axis``)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -206,9 +207,9 @@ def _pointwise_conv_model():
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("Conv", ["r", "w3"], ["y"], pads=[1, 1, 1, 1])]
     inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
-             for name, shape in (("w1", (16, 8, 1, 1)), ("b1", (16,)), ("w3", (4, 16, 3, 3)))]
+             for name, shape in (("w1", (16, 8, 1, 1)), ("b1", (16,)), ("w3", (16, 16, 3, 3)))]
     graph = helper.make_graph(nodes, "pointwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 8, 6, 6))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 4, 6, 6))], inits)
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 16, 6, 6))], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
@@ -304,3 +305,22 @@ def test_a_channels_last_depthwise_convolution_is_one_loop_without_a_convolution
     by_library = LibraryConvBackend().build(laid, "cpu")
     assert "convolution" in by_library.source
     check_built(by_library, laid)
+
+
+def test_a_convolution_of_few_output_channels_is_measured_with_its_taps_folded_and_by_the_library():
+    """Candy's last convolution's kind (3 output channels, a 9x9 window): the Inductor backend convolves its rows'
+    taps as 27 channels and sums the shifted planes with the bias after them in its own loop; the library-convolution
+    backend claims the kernel too and convolves the weight as it is. Both match the reference."""
+    from onnx import helper
+
+    from tests.backends.kernels import kernel
+
+    rng = np.random.default_rng(3)
+    graph = kernel([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[4, 4, 4, 4])], {"x": (1, 8, 14, 12)},
+                   {"y": (1, 3, 14, 12)}, {"w": rng.standard_normal((3, 8, 9, 9)).astype(np.float32),
+                                           "b": rng.standard_normal(3).astype(np.float32)})
+    assert LibraryConvBackend().claims(graph) is None
+    folded, library = InductorBackend().build(graph, "cpu"), LibraryConvBackend().build(graph, "cpu")
+    assert "(1, 27, " in folded.source and "(1, 27, " not in library.source  # the folded taps' planes
+    for built in (folded, library):
+        check_built(built, graph)

@@ -132,6 +132,11 @@ CONV_CASES = {
     "pointwise_1d": ((1, 8, 9), (3, 8, 1), {}),
     "pointwise_3d": ((1, 5, 3, 4, 2), (6, 5, 1, 1, 1), {}),
     "window": ((1, 6, 5, 7), (4, 6, 3, 3), {"pads": [1, 1, 1, 1]}),
+    # few output channels: a window's taps along an axis folded into channels (Candy's last convolution's kind)
+    "narrow_9x9": ((1, 8, 12, 11), (3, 8, 9, 9), {"pads": [4, 4, 4, 4]}),
+    "narrow_columns_dilated": ((2, 5, 10, 13), (2, 5, 3, 5),
+                               {"pads": [1, 2, 0, 1], "strides": [2, 1], "dilations": [1, 2]}),
+    "narrow_too_many_taps": ((1, 4, 8, 8), (15, 4, 5, 5), {"pads": [2, 2, 2, 2]}),
     "strided": ((1, 6, 6, 6), (4, 6, 1, 1), {"strides": [2, 2]}),
     "grouped": ((1, 6, 5, 5), (6, 3, 1, 1), {"group": 2}),
     "padded": ((1, 6, 5, 5), (4, 6, 1, 1), {"pads": [1, 0, 1, 0]}),
@@ -222,6 +227,32 @@ def test_a_depthwise_convolution_over_channels_last_values_is_its_taps_sum():
         with Ops():
             node_function(graph, node, "cpu", channels_last=channels_last)(value, weight)
         assert ("convolution" in called) == convolves, called
+
+
+@pytest.mark.parametrize("case, folded", [("narrow_9x9", (27, 8, 1, 9)), ("narrow_columns_dilated", (10, 5, 3, 1)),
+                                           ("narrow_too_many_taps", (15, 4, 5, 5)), ("window", (12, 6, 1, 3))])
+def test_a_convolution_of_few_output_channels_folds_one_axis_taps_into_channels(case, folded):
+    """A convolution of fewer output channels than oneDNN's block convolves one tap along an axis, that axis's
+    taps as output channels (the wider axis of stride 1, while the channels stay few), then sums the shifted
+    planes; the library's form (``pointwise_products=False``) convolves with the weight as it is."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from korch.backends.torch_ops import node_function
+
+    class Weights(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.startswith("convolution"):
+                shapes.append(tuple(args[1].shape))
+            return func(*args, **(kwargs or {}))
+
+    model, graph, x = _conv_graph(case)
+    (node,) = [n for n in graph.nodes if n.op.name == "CONV"]
+    weight = torch.from_numpy(graph.constants[node.inputs[1]])
+    for own, expected in ((True, folded), (False, tuple(weight.shape))):
+        shapes = []
+        with Weights():
+            node_function(graph, node, "cpu", pointwise_products=own)(torch.from_numpy(x), weight)
+        assert shapes == [expected]
 
 
 def _mish_model(op_type="Mish"):

@@ -596,16 +596,17 @@ def test_variants_are_compared_by_their_fastest_call_not_their_median():
 
 
 def _activations_model() -> onnx.ModelProto:
-    """A 3x3 convolution with its bias and a HardSwish, then a product by a weight with its bias and a GELU."""
+    """A 3x3 convolution with its bias and a HardSwish, then a product by a weight with its bias and a GELU (16
+    output channels: with fewer the convolution folds its taps into channels, ``torch_ops._narrow_conv``)."""
     rng = np.random.default_rng(5)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("HardSwish", ["c"], ["h"]), helper.make_node("MatMul", ["h", "m"], ["p"]),
              helper.make_node("Add", ["p", "bm"], ["q"]), helper.make_node("Gelu", ["q"], ["y"])]
     inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
-             for name, shape in (("w", (8, 3, 3, 3)), ("b", (8,)), ("m", (8, 16)), ("bm", (16,)))]
+             for name, shape in (("w", (16, 3, 3, 3)), ("b", (16,)), ("m", (8, 16)), ("bm", (16,)))]
     graph = helper.make_graph(nodes, "activations",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, 6, 8))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, 6, 16))], inits)
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 16, 6, 16))], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
 
 

@@ -34,7 +34,7 @@ from korch.backends import kernel_store
 from korch.backends.base import BuildError, stored_as
 from korch.backends.check import random_inputs
 from korch.backends.freezing import as_buffers, frozen_compile
-from korch.backends.torch_ops import is_depthwise_conv, is_pointwise_conv, kernel_function
+from korch.backends.torch_ops import is_depthwise_conv, is_pointwise_conv, kernel_function, narrow_conv_axis
 from korch.backends.vector_exp import fast_vector_exp
 from korch.errors import one_line
 from korch.ir import dtypes
@@ -42,14 +42,15 @@ from korch.ir.analysis import node_flops
 from korch.ir.graph import CHANNELS_LAST, Graph
 from korch.ir.ops import Op
 
-VERSION = "11"  # 3: CPU kernels return their outputs; 4: their float32 exp is ATen's exp_u20 (vector_exp.py);
+VERSION = "12"  # 3: CPU kernels return their outputs; 4: their float32 exp is ATen's exp_u20 (vector_exp.py);
 # 5: CPU kernels timed on warm inputs (timing.timing_inputs); 6: activations and biased products as torch's ops
 # (torch_ops.rewritten_steps); 7: CPU kernels compiled frozen, weights packed for oneDNN (freezing.py); 8: 1-D
 # convolutions as 2-D ones (torch_ops._conv1d_as_2d); 9: kernels with channels-last boundaries compute
 # depthwise convolutions as their taps' sum (torch_ops._depthwise_conv) and 1x1 ones over channels-last rows,
 # and inductor-libconv builds such depthwise convolutions by the library; 10: kernels compiled in batches inline
 # ATen's vector helpers (inlining.py); 11: float32 products packed for oneDNN as in a unit, an activation after
-# one its post-op (freezing.packed_as_ahead_of_time)
+# one its post-op (freezing.packed_as_ahead_of_time); 12: convolutions of few output channels with one axis's
+# taps folded into channels (torch_ops._narrow_conv), and inductor-libconv builds them by the library
 
 # The least work (FLOPs: two a multiply-add) of a 1x1 convolution, and of a depthwise one over channels-last values,
 # the library-convolution backend builds a kernel for: below it oneDNN's set-up decides, and korch's form (a
@@ -220,7 +221,8 @@ class LibraryConvBackend(InductorBackend):
     backend computes them as products and as their taps (``torch_ops._pointwise_conv``, ``_depthwise_conv``):
     which is faster depends on the convolution (korch's forms skip oneDNN's set-up of 15-25 us a call, which
     decides small ones; packed weights decide large ones), so both are measured where a convolution is large
-    enough for the library's to win (``LIBRARY_POINTWISE_MIN_FLOPS``, ``LIBRARY_DEPTHWISE_MIN_FLOPS``), the
+    enough for the library's to win (``LIBRARY_POINTWISE_MIN_FLOPS``, ``LIBRARY_DEPTHWISE_MIN_FLOPS``), and
+    wherever a convolution of few output channels has its taps folded into channels (``_narrow_conv``), the
     faster priced, and a compiled unit computes each kernel's as its plan measured it (``runtime/unit.py``).
     EfficientViT's unit: 973 ms with every 1x1 convolution by the library, 1838 ms as products; YOLOX-Nano's:
     11.4 and 9.9 ms."""
@@ -240,9 +242,10 @@ class LibraryConvBackend(InductorBackend):
 
         if not any((is_pointwise_conv(kernel, node) and large(node, LIBRARY_POINTWISE_MIN_FLOPS))
                    or (channels_last and is_depthwise_conv(kernel, node) and large(node, LIBRARY_DEPTHWISE_MIN_FLOPS))
-                   for node in kernel.nodes):
+                   or narrow_conv_axis(kernel, node) is not None for node in kernel.nodes):
             return (f"{self.name}: no 1x1 convolution of {LIBRARY_POINTWISE_MIN_FLOPS} FLOPs or more, nor a "
-                    f"depthwise one of {LIBRARY_DEPTHWISE_MIN_FLOPS} over channels-last values")
+                    f"depthwise one of {LIBRARY_DEPTHWISE_MIN_FLOPS} over channels-last values, nor one of few "
+                    "output channels")
         return None
 
     def build(self, kernel: Graph, device: str) -> LibraryConvKernel:

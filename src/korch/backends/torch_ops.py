@@ -210,6 +210,57 @@ def _depthwise_conv(graph: Graph, node: Node) -> NodeFn | None:
     return run
 
 
+# oneDNN's block of output channels on AVX-512 (8 on AVX2): a convolution of fewer computes the whole block anyway
+NARROW_CHANNELS = 16
+# the most output channels a narrow convolution's folded taps make (``_narrow_conv``): their plane is written, then
+# read back shifted once a tap
+MAX_FOLDED_CHANNELS = 64
+
+
+def narrow_conv_axis(graph: Graph, node: Node) -> int | None:
+    """The spatial axis (2: rows, 3: columns) whose taps ``_narrow_conv`` folds into output channels, or None: a
+    2-D convolution of one group with fewer than ``NARROW_CHANNELS`` output channels, a window wider than 1 and
+    stride 1 along the axis, and at most ``MAX_FOLDED_CHANNELS`` channels folded; of two such axes the wider."""
+    if node.op is not Op.CONV or len(node.attrs["strides"]) != 2 or node.attrs["group"] != 1:
+        return None
+    c_out, _, *window = graph.tensors[node.inputs[1]].shape
+    if c_out >= NARROW_CHANNELS:
+        return None
+    axes = [axis for axis, (k, stride) in enumerate(zip(window, node.attrs["strides"]), start=2)
+            if k > 1 and stride == 1 and c_out * k <= MAX_FOLDED_CHANNELS]
+    return max(axes, key=lambda axis: window[axis - 2], default=None)
+
+
+def _narrow_conv(graph: Graph, node: Node) -> NodeFn | None:
+    """A convolution of few output channels (``narrow_conv_axis``) as a convolution of one tap along an axis,
+    that axis's taps folded into its output channels, then their sum, each tap's plane shifted by its offset, or
+    None. oneDNN computes a block of 16 output channels however few are asked for: Candy's last convolution (32 to
+    3 channels, 9x9, 224x224) took 14.0 ms as it is and 4.0 ms so (27 channels of a 9x1 window, and a loop
+    Inductor fuses with what follows; 2-core Xeon, 2026-12-02)."""
+    axis = narrow_conv_axis(graph, node)
+    if axis is None:
+        return None
+    a = node.attrs
+    c_out, c_in, *window = graph.tensors[node.inputs[1]].shape
+    taps, dilation = window[axis - 2], a["dilations"][axis - 2]
+    out_length = graph.tensors[node.outputs[0]].shape[axis]
+    one_tap = [1, window[1]] if axis == 2 else [window[0], 1]
+    strides = [1 if i == axis - 2 else s for i, s in enumerate(a["strides"])]
+    dilations = [1 if i == axis - 2 else d for i, d in enumerate(a["dilations"])]
+
+    def run(x, w):
+        padded = interpret.pad_spatial(x, a["pads"], 0.0)
+        # output channel o * taps + i holds tap i of channel o: a constant once the weights are frozen
+        folded = w.movedim(axis, 1).reshape(c_out * taps, c_in, *one_tap)
+        planes = F.conv2d(padded, folded, stride=strides, dilation=dilations).unflatten(1, (c_out, taps))
+        total = None
+        for i in range(taps):
+            term = planes[:, :, i].narrow(axis, i * dilation, out_length)
+            total = term if total is None else total + term
+        return [total]
+    return run
+
+
 # binary ops whose torch function takes a Python number as its second operand (the first for commutative ones)
 _SCALAR_OPERAND = {Op.ADD: torch.add, Op.MUL: torch.mul, Op.SUB: torch.sub,
                    Op.POW: lambda x, exponent: torch.pow(x, exponent).to(x.dtype),
@@ -257,8 +308,9 @@ def node_function(graph: Graph, node: Node, device, channels_last: bool = False,
                   pointwise_products: bool = True) -> NodeFn:
     """A callable from the node's input tensors to its output tensors, on ``device``; ``channels_last``, the
     layout the values it reads and writes are stored in (a compiled unit's boundaries), where it matters;
-    ``pointwise_products``, whether a CPU computes 1x1 convolutions as products (``_pointwise_conv``) and, over
-    channels-last values, depthwise ones as their taps (``_depthwise_conv``), or both by the library."""
+    ``pointwise_products``, whether a CPU computes 1x1 convolutions as products (``_pointwise_conv``), over
+    channels-last values depthwise ones as their taps (``_depthwise_conv``), and those of few output channels with
+    their taps folded into channels (``_narrow_conv``), or all by the library."""
     if node.op is Op.SLICE:
         return _slice(node, device)
     if node.op is Op.PAD:
@@ -275,7 +327,8 @@ def node_function(graph: Graph, node: Node, device, channels_last: bool = False,
         cpu = torch.device(device).type == "cpu"
         own = pointwise_products and cpu
         return (own and _pointwise_conv(graph, node, channels_last)) \
-            or (own and channels_last and _depthwise_conv(graph, node)) or _conv(node)
+            or (own and channels_last and _depthwise_conv(graph, node)) or (own and _narrow_conv(graph, node)) \
+            or _conv(node)
     if node.op is Op.OPAQUE:
         return _opaque(node)
     if node.op is Op.TANH and torch.device(device).type == "cpu":

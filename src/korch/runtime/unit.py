@@ -58,7 +58,8 @@ from korch.backends.freezing import frozen_compile
 from korch.backends.inductor import LibraryConvBackend
 from korch.backends.inlining import raised_inline_limits
 from korch.backends.mlas import MlasBackend
-from korch.backends.torch_ops import is_pointwise_conv, node_function, rewritten_steps, runs_in_torch
+from korch.backends.torch_ops import (is_pointwise_conv, narrow_conv_axis, node_function, rewritten_steps,
+                                      runs_in_torch)
 from korch.backends.vector_exp import fast_vector_exp
 from korch.errors import KorchError, one_line
 from korch.ir.graph import CHANNELS_LAST, Graph
@@ -82,8 +83,8 @@ class Variant:
     activations and softmaxes (attention's; the weights' products by the other libraries);
     ``channels_last_boundaries``, values a convolution reads are stored channels-last between kernels
     (``kernel_boundaries``); ``pointwise_products``, 1x1 convolutions are products over the channels and
-    depthwise ones over channels-last values their taps' sums (``torch_ops._pointwise_conv``,
-    ``_depthwise_conv``) but in the kernels the plan measured with the library's (``library_conv_kernels``),
+    depthwise ones over channels-last values their taps' sums, those of few output channels convolve their taps
+    folded into channels (``torch_ops._pointwise_conv``, ``_depthwise_conv``, ``_narrow_conv``) but in the kernels the plan measured with the library's (``library_conv_kernels``),
     else the library's everywhere."""
 
     prepack: bool
@@ -360,7 +361,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         nchw = f"{best}, NCHW between kernels"
         if challenge(best, nchw, {"channels_last_boundaries": False}, "channels-last between kernels"):
             best, choice["boundaries"] = nchw, "NCHW"
-    if any(is_pointwise_conv(graph, node) for node in graph.nodes):
+    if any(is_pointwise_conv(graph, node) or narrow_conv_axis(graph, node) is not None for node in graph.nodes):
         as_planned = bool(library_conv_kernels(plan))
         choice["pointwise convolutions"] = PLANNED if as_planned else "products"
         by_library = f"{best}, pointwise convolutions by the library"

@@ -64,6 +64,11 @@ def test_no_measured_kernel_beats_its_floor(export, model, with_parts):
         found.add(candidate.signature)
         if latency < floor - BELOW_FLOOR_S:
             below.append((candidate.signature, latency, floor))
-    # fission or signatures changed since the export: measure again (benchmarks/floor_share.py --export)
-    assert len(found) >= 0.9 * len(measured), f"{len(found)} of {len(measured)} exported kernels are candidates"
+    # fission or signatures changed since the export: measure again (benchmarks/floor_share.py --export). A change
+    # of fission or of the signatures moves nearly every signature of a model; a host moves a part of them: a
+    # constant of at most 64 values enters a signature by value, and the zoo's BatchNorm statistics, calibrated by
+    # a forward pass (``zoo.common.randomize``), differ in their last bits from one instruction set's convolutions
+    # to another's, and so do the biases folded from them (on a Zen 3 EPYC with AVX2, 2026-12-02, 35% of the AVX-512
+    # Zen 4's YOLOX-Nano kernels were candidates, 69% of YOLOv4's, 88% of EfficientViT's; all on an AVX-512 Xeon)
+    assert len(found) >= 0.25 * len(measured), f"{len(found)} of {len(measured)} exported kernels are candidates"
     assert not below, f"kernels faster than their floor (signature, measured s, floor s): {below[:5]}"

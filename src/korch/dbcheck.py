@@ -41,7 +41,8 @@ def check_floors(model, *, target: str, db=None, input_shapes: Mapping[str, Sequ
                  max_kernel_nodes: int | None = None) -> FloorCheck:
     """Compare every measured kernel of ``model``'s candidates on ``target`` with its floor (see the docstring)."""
     from korch.backends.db import ProfileDB
-    from korch.backends.measure import CALLING_COST, device_key, keyed_versions
+    from korch.backends.calling import CALLING_COST
+    from korch.backends.measure_records import device_key, keyed_versions
     from korch.backends.registry import backends_for, device_for
     from korch.cost import candidate_bounds, measured_parts
     from korch.cost.roofline import BELOW_FLOOR_S

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -246,8 +247,10 @@ def _bounds_with_parts(graph, candidates, device, measurer) -> list[float]:
     """Every candidate's floor once each product and convolution has been measured alone, in every layout
     column (``cost/parts.py``): the measurer compares its kernels with these floors from then on."""
     from korch.cost import candidate_bounds, measured_parts
+    from korch.cost.parts import PART_ROUNDS
 
-    bounds = candidate_bounds(graph, candidates, device, parts=measured_parts(graph, candidates, measurer.measure))
+    parts = measured_parts(graph, candidates, functools.partial(measurer.measure, rounds=PART_ROUNDS))
+    bounds = candidate_bounds(graph, candidates, device, parts=parts)
     measurer.bounds = bounds
     return bounds
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import functools
+import importlib
 import multiprocessing
 import os
 import signal
@@ -32,14 +34,30 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _initialize(parent_pid: int, then: Callable[[], None] | None) -> None:
+def _initialize(parent_pid: int, then: tuple[str, str, tuple] | None) -> None:
     die_with_parent(parent_pid)
     if then is not None:
-        then()
+        module, name, args = then
+        getattr(importlib.import_module(module), name)(*args)
+
+
+def _by_name(initializer: Callable[[], None] | None) -> tuple[str, str, tuple] | None:
+    """``initializer`` (a module's function, or a partial of one with positional arguments) as (module, name,
+    arguments): a worker unpickles its initializer's arguments before it runs any of it, and unpickling a function
+    imports its module (torch with it: seconds, in which a worker whose parent was killed lived on), so the
+    module is imported by ``_initialize``, once the worker is set to die with its parent."""
+    if initializer is None:
+        return None
+    args: tuple = ()
+    if isinstance(initializer, functools.partial):
+        assert not initializer.keywords, "a worker's initializer takes positional arguments"
+        initializer, args = initializer.func, initializer.args
+    return initializer.__module__, initializer.__qualname__, args
 
 
 def pool(jobs: int, initializer: Callable[[], None] | None = None) -> concurrent.futures.ProcessPoolExecutor:
     """A pool of ``jobs`` spawned workers (fresh interpreters: no inherited CUDA context or Triton interpreter
-    patches) that die with this process; ``initializer`` runs in each after that."""
+    patches) that die with this process; ``initializer`` runs in each after that (``_by_name``)."""
     return concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                                  initializer=_initialize, initargs=(os.getpid(), initializer))
+                                                  initializer=_initialize,
+                                                  initargs=(os.getpid(), _by_name(initializer)))

@@ -512,3 +512,58 @@ def test_a_measured_search_bounds_each_kernel_holding_a_product_by_the_product_t
     roofline = candidate_bounds(graph, [c for c in candidates if c.signature == kernel.signature],
                                 floor_device("cpu"))[0]
     assert kernel.bound_s >= part_floor_s(alone) * (1 - 1e-9) > roofline
+
+
+def test_kernels_timed_in_rounds_keep_their_fastest_round(monkeypatch):
+    """Rounds go over every kernel in turn (one kernel's timings are seconds apart on a real search), each
+    kernel keeps its fastest round's latency and the rounds' seconds summed, and a round that fails fails it."""
+    readings = {"a": [3.0, 1.0, 2.0], "b": [1.0, 4.0, 5.0], "c": [2.0, float("nan")]}
+    order = []
+
+    def fake_time_checked(checked, kernel, backend, arena, device, lock=None):
+        order.append(kernel)
+        reading = readings[kernel].pop(0)
+        if reading != reading:  # nan: this round's timing fails
+            checked.status, checked.message = "timing_failed", "no timing"
+            return
+        checked.latency_s, checked.timing_s, checked.variant = reading, 0.5, {"round": reading}
+
+    monkeypatch.setattr(measure, "_time_checked", fake_time_checked)
+    kernels = [(measure._Checked("ok", built=object()), name, None) for name in ("a", "b", "c")]
+    skipped = measure._Checked("build_failed", "no build")
+    measure._time_in_rounds([*kernels, (skipped, "d", None)], None, "cpu", rounds=3)
+    assert order == ["a", "b", "c", "a", "b", "c", "a", "b"]  # c stopped after its failed round, d never timed
+    (a, _, _), (b, _, _), (c, _, _) = kernels
+    assert (a.latency_s, a.variant, a.timing_s) == (1.0, {"round": 1.0}, 1.5)
+    assert (b.latency_s, b.timing_s) == (1.0, 1.5)
+    assert c.status == "timing_failed" and skipped.status == "build_failed" and skipped.latency_s is None
+
+
+def test_a_measurer_asked_for_rounds_times_each_kernel_that_often_and_keeps_the_fastest(tmp_path, monkeypatch):
+    """``measure(ids, rounds=3)`` (the products and convolutions alone, ``cost/parts.py``): every kernel it
+    builds is timed three times and the database keeps the fastest of the three."""
+    from korch.cost import candidate_bounds, get_device
+    from korch.orchestrate.candidates import enumerate_candidates
+    from korch.pipeline import load_model
+    from korch.backends.registry import BackendPredicate, backends_for
+
+    _, graph, _ = load_model(_model())
+    candidates = enumerate_candidates(graph, max_nodes=1, predicate=BackendPredicate(backends_for("cpu"))).candidates
+    timings: dict[str, list[float]] = {}
+    real = measure._time_checked
+
+    def recorded(checked, kernel, backend, *args, **kwargs):
+        real(checked, kernel, backend, *args, **kwargs)
+        timings.setdefault(f"{kernel.name} {backend.name}", []).append(checked.latency_s)
+    monkeypatch.setattr(measure, "_time_checked", recorded)
+    measurer = measure.KernelMeasurer(graph, candidates, candidate_bounds(graph, candidates, get_device("cpu")),
+                                      target="cpu", jobs=1, db=ProfileDB(tmp_path / "p.sqlite"))
+    try:
+        measurer.measure(range(len(candidates)), rounds=3)
+    finally:
+        measurer.close()
+    assert timings and all(len(t) == 3 for t in timings.values())
+    assert measurer.stats.measured == len(timings)
+    stored = measurer.db.lookup({c.signature for c in candidates}, measurer.device_key, measurer.versions)
+    fastest = sorted(min(t) for t in timings.values())
+    assert sorted(r.latency_s for records in stored.values() for r in records if r.ok) == pytest.approx(fastest)

@@ -51,9 +51,9 @@ from korch.backends.calling import CALLING_COST, calling_cost_s, empty_call
 from korch.errors import one_line
 from korch.backends.check import RandomArena, check, checked_variants
 from korch.backends.db import ProfileDB, Record
+from korch.backends.measure_records import Failure, MeasureStats, device_key, keyed_versions
 from korch.backends.registry import backends_for, device_for
-from korch.backends.timing import CPU_PROTOCOL, Timing, time_measured, timing_inputs
-from korch.cost.devices import get_device
+from korch.backends.timing import Timing, time_measured, timing_inputs
 from korch.cost.roofline import BELOW_FLOOR_S
 from korch.ir.graph import Graph, Tensor
 from korch.ir.subgraph import extract
@@ -62,38 +62,6 @@ MESSAGE_CHARS = 300  # a failure's reason as kept in the database and the report
 # An ok record's message when every timing found other processes on the cores (timing.py): a later search retimes it
 DISTURBED = "timed while other processes held the cores it needs"
 BUILD_CHUNK = 16  # kernels a CPU build worker builds together (their C++ in one compiler run, cpp_batch.py)
-
-
-@dataclasses.dataclass(frozen=True)
-class Failure:
-    signature: str
-    ops: str
-    backend: str
-    status: str
-    message: str
-
-
-@dataclasses.dataclass
-class MeasureStats:
-    asked: int = 0            # distinct signatures the loop asked about
-    from_db: int = 0          # of those, answered from the database alone
-    measured: int = 0         # kernels built, checked and timed here (signature x backend)
-    below_bound: int = 0      # measurements under the lower bound (by more than BELOW_FLOOR_S), raised to it
-    disturbed: int = 0        # kernels timed while other processes held the cores in every try
-    build_s: float = 0.0      # wall seconds building and checking kernels (workers in parallel), and their
-                              # timing where the workers time
-    timing_s: float = 0.0     # seconds timing them, one at a time (in this process; on a GPU in the workers)
-    graphed: int = 0          # kernels timed inside a replayed CUDA graph; a GPU's others could not be captured
-    failures: list[Failure] = dataclasses.field(default_factory=list)
-
-
-def device_key(target: str) -> str:
-    """The device part of a database key: the GPU kind with the precision policy its products follow, or the
-    CPU model with its core count (a CPU's float32 products are exact under every policy)."""
-    from korch.cost.probe import cpu_model
-
-    name = get_device(target).name
-    return f"{name}:{precision.current().name}" if name != "cpu" else f"cpu:{cpu_model()}:{os.cpu_count()}"
 
 
 @dataclasses.dataclass
@@ -146,15 +114,16 @@ def _hold_device_lock(lock, barrier=None) -> None:
     _DEVICE_LOCK, _BARRIER = lock, barrier
 
 
-def _time_held(batch: int, device: str) -> dict[int, "_Checked"]:
+def _time_held(batch: int, device: str, rounds: int = 1) -> dict[int, "_Checked"]:
     """In a build worker, once every build of ``batch`` is done (a CPU): time the kernels this worker holds, one
-    worker at a time; every worker runs one such task (the barrier), so every held kernel is timed."""
+    worker at a time, in ``rounds`` (``_time_in_rounds``); every worker runs one such task (the barrier), so every
+    held kernel is timed."""
     _BARRIER.wait(timeout=DEVICE_LOCK_WAIT_S)
+    held = {index: entry for (held_batch, index), entry in _HELD.items() if held_batch == batch}
+    _time_in_rounds(list(held.values()), _worker_arena(device), device, _DEVICE_LOCK, rounds)
     timed = {}
-    for (held_batch, index), (checked, kernel, backend) in list(_HELD.items()):
-        if held_batch == batch:
-            _time_checked(checked, kernel, backend, _worker_arena(device), device, _DEVICE_LOCK)
-            checked.built, timed[index] = None, checked
+    for index, (checked, _, _) in held.items():
+        checked.built, timed[index] = None, checked
     _HELD.clear()
     gc.collect()  # the kernels just dropped, and whatever cycles hold their buffers
     heap.release_freed_memory()
@@ -181,11 +150,12 @@ def _device_held(lock) -> Iterator[None]:
 
 
 def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy: str, threads: int,
-            timed: bool = False, held: tuple[int, Sequence[int]] | None = None) -> list[_Checked]:
+            timed: bool = False, held: tuple[int, Sequence[int]] | None = None, rounds: int = 1) -> list[_Checked]:
     """Build and check ``jobs`` (kernel, backend name) in a build worker: every kernel is built before any is
     checked, so that the C++ of Inductor's kernels compiles in one compiler run (``cpp_batch``). ``timed``:
     time each kernel that checks here too, holding the pool's device lock (a GPU: see ``KernelMeasurer``).
-    ``held`` (batch, each job's index in it): keep each kernel that checks for ``_time_held`` (a CPU)."""
+    ``held`` (batch, each job's index in it): keep each kernel that checks for ``_time_held`` (a CPU).
+    ``rounds``: see ``_time_in_rounds``."""
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     # the parent's thread count, not one: Inductor writes it into a CPU kernel's parallel loops, so a kernel
     # built here for one thread is not the one the parent times, which it would compile again (0.5-3 s each)
@@ -200,8 +170,8 @@ def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy:
         checked = [failed or heap.given_back(_check_built(built, kernel, device))
                    for (built, failed), (kernel, _) in zip(builds, jobs)]
         if timed:
-            for result, (kernel, name) in zip(checked, jobs):
-                _time_checked(result, kernel, backends[name], _worker_arena(device), device, _DEVICE_LOCK)
+            _time_in_rounds([(result, kernel, backends[name]) for result, (kernel, name) in zip(checked, jobs)],
+                            _worker_arena(device), device, _DEVICE_LOCK, rounds)
     if held is not None:
         batch, indices = held
         _HELD.update({(batch, i): (dataclasses.replace(r), k, backends[name])
@@ -211,15 +181,14 @@ def _worker(target: str, jobs: Sequence[tuple[Graph, str]], device: str, policy:
     return checked
 
 
-def _time_checked(checked: _Checked, kernel: Graph, backend: Backend, arena: RandomArena, device: str, lock=None,
-                  rebuild: Callable[[], object] | None = None) -> None:
-    """Time ``backend``'s kernel that checked into ``checked`` (its latency, launch variant, seconds taken),
-    holding ``lock`` if any and rebuilding the kernel with ``rebuild`` where it was built elsewhere; a timing
-    that fails makes it ``timing_failed``."""
+def _time_checked(checked: _Checked, kernel: Graph, backend: Backend, arena: RandomArena, device: str,
+                  lock=None) -> None:
+    """Time ``backend``'s kernel that checked into ``checked`` and was built there (its latency, launch variant,
+    seconds taken), holding ``lock`` if any; a timing that fails makes it ``timing_failed``."""
     if checked.status != "ok":
         return
     try:
-        built = checked.built or rebuild()
+        built = checked.built
         warm_path = _warm_path(backend, device)  # built before the lock: other workers' timings do not wait on it
         with _device_held(lock):
             started = time.perf_counter()
@@ -231,6 +200,39 @@ def _time_checked(checked: _Checked, kernel: Graph, backend: Backend, arena: Ran
             checked.message = DISTURBED
     except Exception as exc:
         checked.status, checked.message = "timing_failed", one_line(exc, MESSAGE_CHARS)
+
+
+def _time_in_rounds(kernels: Sequence[tuple[_Checked, Graph, Backend]], arena: RandomArena, device: str,
+                    lock=None, rounds: int = 1) -> None:
+    """Time each checked kernel of ``kernels`` once a round, ``rounds`` rounds over all of them in turn, each
+    keeping its fastest round (``timing_s``: the rounds' sum): a host can be slow for a moment with nothing to
+    show for it (docs/cost.md, "Products and convolutions timed alone"), and one kernel's rounds, seconds apart,
+    are rarely all slowed. A kernel built elsewhere is built here first; a round whose timing fails fails it."""
+    best: dict[int, _Checked] = {}
+    spent: dict[int, float] = {}
+    for _ in range(rounds):
+        for i, (checked, kernel, backend) in enumerate(kernels):
+            if checked.status != "ok":
+                continue
+            if checked.built is None:
+                try:
+                    checked.built = backend.build(kernel, device)
+                except Exception as exc:
+                    checked.status, checked.message = "timing_failed", one_line(exc, MESSAGE_CHARS)
+                    continue
+            trial = dataclasses.replace(checked)
+            _time_checked(trial, kernel, backend, arena, device, lock)
+            spent[i] = spent.get(i, 0.0) + trial.timing_s
+            if trial.status != "ok":
+                checked.status, checked.message = trial.status, trial.message
+            elif i not in best or trial.latency_s < best[i].latency_s:
+                best[i] = trial
+    for i, trial in best.items():
+        checked = kernels[i][0]
+        if checked.status == "ok":
+            checked.latency_s, checked.variant, checked.launches = trial.latency_s, trial.variant, trial.launches
+            checked.graphed, checked.message = trial.graphed, trial.message
+        checked.timing_s = spent[i]
 
 
 def _warm_path(backend: Backend | None, device: str) -> Callable[[], object] | None:
@@ -251,13 +253,6 @@ def _time_built(built, kernel: Graph, variants: Sequence[int], arena: RandomAren
                             seconds=lambda t: t.median_s)
         return timing, {"variant": built.variant.describe()}, built.launches
     return time_measured(lambda i: built(*sets[i]), sets, device, warm_path), None, built.launches
-
-
-def keyed_versions(backends: Sequence[Backend], device: str) -> dict[str, str]:
-    """Each backend's version as the profile database keys its measurements on ``device``: with the CPU timer's
-    protocol there, so that kernels timed another way are measured again."""
-    suffix = f"+{CPU_PROTOCOL}" if device == "cpu" else ""
-    return {b.name: b.version + suffix for b in backends}
 
 
 def _chunks(count: int, jobs: int, size: int) -> list[list[int]]:
@@ -296,13 +291,15 @@ class KernelMeasurer:
 
     # -- the oracle ---------------------------------------------------------------------
 
-    def measure(self, candidate_ids: Sequence[int]) -> dict[int, float]:
+    def measure(self, candidate_ids: Sequence[int], rounds: int = 1) -> dict[int, float]:
+        """Each candidate's latency as the executable runs it (``in_place_s``), at least its floor; what the
+        database does not hold is measured, each kernel's fastest of ``rounds`` timings (``_time_in_rounds``)."""
         by_signature: dict[str, int] = {}
         for c in candidate_ids:
             by_signature.setdefault(self.candidates[c].signature, c)
         fresh = [s for s in by_signature if s not in self.best]
         if fresh:
-            self._resolve(fresh, by_signature)
+            self._resolve(fresh, by_signature, rounds)
         result = {}
         for c in candidate_ids:
             record = self.best[self.candidates[c].signature]
@@ -401,7 +398,7 @@ class KernelMeasurer:
             self._kernels[signature] = kernel, [b for b in self.backends if b.claims(kernel) is None]
         return self._kernels[signature]
 
-    def _resolve(self, signatures: list[str], representative: Mapping[str, int]) -> None:
+    def _resolve(self, signatures: list[str], representative: Mapping[str, int], rounds: int = 1) -> None:
         for backend in self.backends:  # before the first batch: the build workers' start-up would slow them
             self.calling_s(backend.name)
         self.stats.asked += len(signatures)
@@ -414,7 +411,7 @@ class KernelMeasurer:
             todo += [(s, b) for b in missing]
             if not missing:
                 self.stats.from_db += 1
-        records = self._measure(todo, kernels)
+        records = self._measure(todo, kernels, rounds)
         self.db.put(records)
         for r in records:
             found[r.signature].append(r)
@@ -424,7 +421,7 @@ class KernelMeasurer:
             self.stats.failures += [Failure(s, _ops(kernels[s]), r.backend, r.status, r.message)
                                     for r in found[s] if not r.ok]
 
-    def _checked_builds(self, todo, kernels, chunk: int = BUILD_CHUNK) -> list[_Checked]:
+    def _checked_builds(self, todo, kernels, chunk: int = BUILD_CHUNK, rounds: int = 1) -> list[_Checked]:
         # on a GPU every kernel is built and checked in a worker, alone: a variant that faults (an illegal
         # address) poisons its process's CUDA context, which must not be this one
         if self.device == "cpu" and (self.jobs == 1 or len(todo) < 2):
@@ -439,7 +436,8 @@ class KernelMeasurer:
         hold = cpu and self.time_in_workers
         futures = [self._pool.submit(_worker, self.target, [(kernels[todo[i][0]], todo[i][1].name) for i in c],
                                      self.device, precision.current().name, threads,
-                                     self.time_in_workers and not cpu, (self._batches, c) if hold else None)
+                                     self.time_in_workers and not cpu, (self._batches, c) if hold else None,
+                                     rounds)
                    for c in chunks]
         results: list[_Checked | None] = [None] * len(todo)
         alone, died = [], False
@@ -455,7 +453,8 @@ class KernelMeasurer:
                     results[indices[0]] = _Checked("build_failed", "worker died: " + one_line(exc, MESSAGE_CHARS))
         if hold and not died:
             try:  # one task per worker (the barrier): each times what it holds
-                for future in [self._pool.submit(_time_held, self._batches, self.device) for _ in range(self.jobs)]:
+                for future in [self._pool.submit(_time_held, self._batches, self.device, rounds)
+                               for _ in range(self.jobs)]:
                     for i, checked in future.result().items():
                         results[i] = checked
             except Exception:  # a worker that died or never came: what was not timed there is timed here
@@ -463,22 +462,23 @@ class KernelMeasurer:
         if died:
             self.close()  # a broken pool takes no more work: the next batch starts a fresh one
         if alone:
-            for i, checked in zip(alone, self._checked_builds([todo[i] for i in alone], kernels, chunk=1)):
+            for i, checked in zip(alone, self._checked_builds([todo[i] for i in alone], kernels, 1, rounds)):
                 results[i] = checked
         return results
 
-    def _measure(self, todo: list[tuple[str, Backend]], kernels: Mapping[str, Graph]) -> list[Record]:
+    def _measure(self, todo: list[tuple[str, Backend]], kernels: Mapping[str, Graph], rounds: int = 1) \
+            -> list[Record]:
         records = []
         started = time.perf_counter()
-        built = self._checked_builds(todo, kernels)
+        built = self._checked_builds(todo, kernels, rounds=rounds)
         self.stats.build_s += time.perf_counter() - started
+        # built and checked here, or in a worker that does not time
+        _time_in_rounds([(checked, kernels[s], backend) for (s, backend), checked in zip(todo, built)
+                         if checked.latency_s is None], self._arena, self.device, rounds=rounds)
         for (s, backend), checked in zip(todo, built):
             kernel = kernels[s]
             if self.on_kernel:
                 self.on_kernel(f"{backend.name} {_ops(kernel)}")
-            if checked.latency_s is None:  # built and checked here, or in a worker that does not time
-                _time_checked(checked, kernel, backend, self._arena, self.device,
-                              rebuild=lambda: backend.build(kernel, self.device))
             self.stats.timing_s += checked.timing_s
             self.stats.disturbed += checked.message == DISTURBED
             self.stats.graphed += checked.graphed

@@ -44,6 +44,11 @@ from korch.ir.ops import Op
 
 # What share of its node's least time alone a kernel holding the node takes at least (see the docstring)
 PART_SHARE = 0.8
+# Timings of each part alone, of which its time alone is the fastest: one timing read slow on a host whose speed
+# dips for a moment sets a floor above what the node's kernels run in (a 2-core Zen 3 EPYC, 2026-12-02: Candy's
+# stride-2 convolutions timed alone at 8.3-8.9 ms in a search, 3.6-5.6 ms again, and 28 kernels holding them
+# measured under their floors, down to 0.63 of them)
+PART_ROUNDS = 3
 
 
 def part_floor_s(alone_s: float) -> float:
@@ -84,7 +89,8 @@ def part_times(columns: Mapping[int, list[int]], latency: Mapping[int, float]) -
 def measured_parts(graph: Graph, candidates: Sequence, latency: Callable[[list[int]], Mapping[int, float]]) \
         -> dict[int, float]:
     """Each part's least time alone (``part_times``), its columns priced by ``latency(candidate ids)``: a
-    measurer's, or what a database or an export holds (ids it cannot price are left out of the answer)."""
+    measurer's (timing each part ``PART_ROUNDS`` times), or what a database or an export holds (ids it cannot
+    price are left out of the answer)."""
     columns = part_columns(graph, candidates)
     ids = [c for column in columns.values() for c in column]
     return part_times(columns, latency(ids) if ids else {})

@@ -52,6 +52,27 @@ def test_a_kernel_built_again_is_loaded_from_the_store_and_computes_the_same(mon
     check_built(again, graph)
 
 
+@pytest.mark.parametrize("make", [_conv_kernel, _product_kernel])
+def test_a_kernel_built_afresh_is_called_as_one_loaded_from_the_store(monkeypatch, make):
+    """Not through the wrappers ``compile_fx`` returns its code in: timed through them, a search's kernels built
+    with cold caches read slower than the same kernels loaded, and a product timed alone set floors above the
+    kernels that hold it."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    graph = make(np.random.default_rng())
+    first = InductorKernel(graph, "cpu")
+    wrapped = []
+    call = CompiledFxGraph.__call__
+    monkeypatch.setattr(CompiledFxGraph, "__call__", lambda self, *a: wrapped.append(1) or call(self, *a))
+    inputs = random_inputs(graph, seed=3)
+    first(*inputs)
+    again = InductorKernel(graph, "cpu")
+    again(*inputs)
+    assert wrapped == []
+    assert first.fn.__code__ is again.fn.__code__
+    check_built(first, graph)
+
+
 def test_an_mlas_kernel_from_the_store_opens_sessions_of_its_own(monkeypatch):
     """The MLAS backend's code names a token its operators open their sessions by: a kernel loaded from the store
     names the token it drew, so two kernels alive at once do not share a session."""

@@ -42,7 +42,7 @@ from korch.ir.analysis import node_flops
 from korch.ir.graph import CHANNELS_LAST, Graph
 from korch.ir.ops import Op
 
-VERSION = "12"  # 3: CPU kernels return their outputs; 4: their float32 exp is ATen's exp_u20 (vector_exp.py);
+VERSION = "13"  # 3: CPU kernels return their outputs; 4: their float32 exp is ATen's exp_u20 (vector_exp.py);
 # 5: CPU kernels timed on warm inputs (timing.timing_inputs); 6: activations and biased products as torch's ops
 # (torch_ops.rewritten_steps); 7: CPU kernels compiled frozen, weights packed for oneDNN (freezing.py); 8: 1-D
 # convolutions as 2-D ones (torch_ops._conv1d_as_2d); 9: kernels with channels-last boundaries compute
@@ -50,7 +50,8 @@ VERSION = "12"  # 3: CPU kernels return their outputs; 4: their float32 exp is A
 # and inductor-libconv builds such depthwise convolutions by the library; 10: kernels compiled in batches inline
 # ATen's vector helpers (inlining.py); 11: float32 products packed for oneDNN as in a unit, an activation after
 # one its post-op (freezing.packed_as_ahead_of_time); 12: convolutions of few output channels with one axis's
-# taps folded into channels (torch_ops._narrow_conv), and inductor-libconv builds them by the library
+# taps folded into channels (torch_ops._narrow_conv), and inductor-libconv builds them by the library; 13: a kernel built
+# afresh called as one loaded from the store (kernel_store.direct_call)
 
 # The least work (FLOPs: two a multiply-add) of a 1x1 convolution, and of a depthwise one over channels-last values,
 # the library-convolution backend builds a kernel for: below it oneDNN's set-up decides, and korch's form (a
@@ -139,8 +140,9 @@ class InductorKernel:
         with kernel_store.recorded_packs() as packed:
             self._compile(kernel, None)
         module = kernel_store.new_module(modules)
-        if module is not None:
-            kernel_store.save(stored, module, self.source, self.launches, packed, self.token)
+        # called as a later build loads it, so that its timings do not depend on what the caches held
+        if module is not None and kernel_store.save(stored, module, self.source, self.launches, packed, self.token):
+            self.fn = kernel_store.direct_call(module)
 
     def _compile(self, kernel: Graph, function) -> None:
         from torch._inductor.compile_fx import compile_fx

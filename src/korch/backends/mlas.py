@@ -21,8 +21,9 @@ from korch.backends.torch_ops import kernel_function
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
 
-VERSION = "5"  # 2: CPU kernels timed on warm inputs (timing.timing_inputs); 3: activations as torch's ops;
-# 4: 1x1 convolutions as MLAS products (ort_gemm.pointwise_conv_function); 5: sibling ones as one product
+VERSION = "6"  # 2: CPU kernels timed on warm inputs (timing.timing_inputs); 3: activations as torch's ops;
+# 4: 1x1 convolutions as MLAS products (ort_gemm.pointwise_conv_function); 5: sibling ones as one product;
+# 6: a kernel built afresh called as one loaded from the store (kernel_store.direct_call)
 
 
 class MlasKernel(InductorKernel):

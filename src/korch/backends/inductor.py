@@ -50,8 +50,8 @@ VERSION = "13"  # 3: CPU kernels return their outputs; 4: their float32 exp is A
 # and inductor-libconv builds such depthwise convolutions by the library; 10: kernels compiled in batches inline
 # ATen's vector helpers (inlining.py); 11: float32 products packed for oneDNN as in a unit, an activation after
 # one its post-op (freezing.packed_as_ahead_of_time); 12: convolutions of few output channels with one axis's
-# taps folded into channels (torch_ops._narrow_conv), and inductor-libconv builds them by the library; 13: a kernel built
-# afresh called as one loaded from the store (kernel_store.direct_call)
+# taps folded into channels (torch_ops._narrow_conv), and inductor-libconv builds them by the library; 13: a
+# kernel built afresh called as one loaded from the store (kernel_store.direct_call)
 
 # The least work (FLOPs: two a multiply-add) of a 1x1 convolution, and of a depthwise one over channels-last values,
 # the library-convolution backend builds a kernel for: below it oneDNN's set-up decides, and korch's form (a

@@ -341,6 +341,71 @@ def test_products_of_one_activation_run_as_one(tmp_path):
     assert manifest["check"]["ok"] and manifest["unit"]["libraries"] == [ort_gemm.LIBRARY_FILE]
 
 
+needs_mkl = pytest.mark.skipif(not torch._C.has_mkl, reason="this torch has no MKL (not an x86 build)")
+
+
+@needs_mkl
+@pytest.mark.parametrize("shape", [(1, 24), (17, 24), (2, 33, 24)])
+def test_products_in_mkls_packed_gemm_match_onnx_runtime(shape):
+    """``mkl_matmul`` packs the weight on its slot's first call and multiplies as ONNX Runtime's MatMul does,
+    for any leading axes; a later call of another row count multiplies by the weight as it is."""
+    rng = np.random.default_rng(sum(shape))
+    x, w = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
+    slot = _slot()
+    got = ort_gemm.ops().mkl_matmul(torch.from_numpy(x), torch.from_numpy(w), 9, slot)
+    assert got.shape == (*shape[:-1], 40)
+    np.testing.assert_allclose(got.numpy(), x @ w, rtol=1e-5, atol=1e-5)
+    more = rng.standard_normal((5, 3, 24)).astype(np.float32)
+    np.testing.assert_allclose(ort_gemm.ops().mkl_matmul(torch.from_numpy(more), torch.from_numpy(w), 9, slot).numpy(),
+                               more @ w, rtol=1e-5, atol=1e-5)
+
+
+@needs_mkl
+def test_a_packed_slot_keeps_its_weight_until_its_unit_closes():
+    slot = _slot()
+    ort_gemm.ops().mkl_matmul(torch.ones(2, 4), torch.ones(4, 3), 11, slot)
+    with pytest.raises(RuntimeError, match="packed for a 4x3 weight, called with 5x3"):
+        ort_gemm.ops().mkl_matmul(torch.ones(2, 5), torch.ones(5, 3), 11, slot)
+    ort_gemm.ops().close_unit(11)
+    got = ort_gemm.ops().mkl_matmul(torch.ones(2, 5), torch.ones(5, 3), 11, slot)
+    np.testing.assert_allclose(got.numpy(), np.full((2, 3), 5.0))
+
+
+@needs_mkl
+def test_a_unit_with_products_in_mkl_matches_onnx_runtime(tmp_path):
+    """The MKL variant's unit multiplies the products by constant weights in ``mkl_matmul`` (siblings as one)
+    and matches ONNX Runtime, and is chosen only where MKL's packed GEMM is the faster (here: said to be)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(unit, "VARIANTS", {unit.MKL_PACKED: unit.VARIANTS[unit.MKL_PACKED]})
+        patch.setattr(ort_gemm, "mkl_packed_faster", lambda graph: True)
+        result = optimize(_sibling_products_model(), target="cpu", cost="roofline", output=tmp_path / "out",
+                          compiled_unit=True)
+        module = unit.plan_module(result.graph, result.plan, "cpu", unit.VARIANTS[unit.MKL_PACKED])
+    steps = [step for step in module._replaced.values() if step]
+    assert [fn.__qualname__.split(".")[0] for fn, *_ in steps] == ["mkl_product_function"]
+    x = torch.randn(3, 5, 16)
+    want = run_model(_sibling_products_model(), {"x": x.numpy()})
+    for name, value in zip(result.graph.outputs, module(x)):
+        np.testing.assert_allclose(value.numpy(), want[name], rtol=1e-5, atol=1e-5)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["unit"]["weights"] == unit.MKL_PACKED and manifest["check"]["ok"]
+    assert manifest["unit"]["libraries"] == [ort_gemm.LIBRARY_FILE]
+
+
+def test_the_mkl_variant_is_compiled_only_where_mkl_is_the_faster(monkeypatch):
+    result = optimize(_sibling_products_model(), target="cpu", cost="roofline", plan_only=True)
+    graph, plan = result.graph, result.plan
+    for faster in (True, False):
+        monkeypatch.setattr(ort_gemm, "mkl_packed_faster", lambda graph, faster=faster: faster)
+        assert (unit.MKL_PACKED in unit.own_variants(graph, plan)) is faster
+
+
+def test_a_graph_without_products_by_weights_has_no_mkl_probe():
+    """No product by a constant weight: nothing for MKL to multiply, whatever the CPU."""
+    assert not ort_gemm.mkl_packed_faster(optimize(_attention_model(), target="cpu", cost="roofline",
+                                                   plan_only=True).graph)
+
+
 def test_operator_libraries_of_two_versions_load_in_one_process(tmp_path):
     """A library registers its operators under a namespace named after their source (its file is named so in an
     executable), so the library of another version of the operators loads beside this korch's and both run."""

@@ -1,6 +1,8 @@
 """ONNX Runtime's MLAS kernels as operators a compiled unit calls: ``ops().matmul`` (an
 activation by a constant weight; ``matmul_blocks``, the same in column blocks), ``batched_matmul`` (two
-activations, attention's products) and ``softmax`` (over the last axis).
+activations, attention's products) and ``softmax`` (over the last axis); and ``mkl_matmul``, a product by a
+constant weight in MKL's packed GEMM, which AOTInductor's own code cannot call (the packed weight holds its
+address, so a package cannot carry it: the operator packs it when it is first called).
 
 On AVX2 CPUs MLAS multiplies float32 matrices 10-40% faster than every path
 torch offers (MKL, oneDNN with packed weights, Inductor's C++ template;
@@ -23,7 +25,10 @@ kernel.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -162,7 +167,8 @@ def open_library(path: Path | None = None) -> None:
              "matmul_blocks": lambda x, w, unit, slot, blocks: x.new_empty(blocks, x.numel() // x.shape[-1],
                                                                            w.shape[1] // blocks),
              "batched_matmul": lambda a, b, unit, slot: a.new_empty(*a.shape[:-1], b.shape[-1]),
-             "softmax": lambda x, unit, slot: x.new_empty(x.shape)}
+             "softmax": lambda x, unit, slot: x.new_empty(x.shape),
+             "mkl_matmul": lambda x, w, unit, slot: x.new_empty(*x.shape[:-1], w.shape[1])}
     for name, fake in fakes.items():
         if hasattr(ops(namespace), name):  # an executable of an earlier korch carries fewer operators
             torch.library.register_fake(f"{namespace}::{name}", fake)
@@ -240,6 +246,53 @@ def product_function(unit: int, slot: int, widths: Sequence[int], blocks: int = 
         return list(y.split(list(widths), dim=-1)) if len(widths) > 1 else [y]
     run.blocks = blocks  # for inspection
     return run
+
+
+def mkl_product_function(unit: int, slot: int, widths: Sequence[int]):
+    """``product_function``'s step in MKL's packed GEMM instead (``korch_ort::mkl_matmul``: the weight packed on
+    the first call, where it stays)."""
+    def run(x, w):
+        y = ops().mkl_matmul(x, w, unit, slot)
+        return list(y.split(list(widths), dim=-1)) if len(widths) > 1 else [y]
+    return run
+
+
+def mkl_packed_faster(graph: Graph) -> bool:
+    """Whether this torch has MKL's packed GEMM (``mkl::_mkl_linear``: x86 builds) and it multiplies the largest
+    product by a constant weight of ``graph`` faster than oneDNN's packed one, each call's fastest of
+    ``_PROBE_CALLS``, the two taking turns. On AMD CPUs MKL runs generic code (a third of oneDNN's rate on a
+    Zen 5); on the AVX-512 Xeon its packed GEMM is 4-10% ahead of oneDNN and MLAS (``benchmarks/gemm_paths.py``).
+    A unit whose products run in MKL is compiled only where it may win."""
+    if not (torch._C.has_mkl and hasattr(torch.ops.mkl, "_mkl_linear") and torch.backends.mkldnn.is_available()):
+        return False
+    products = [n for n in graph.nodes if eligible(graph, n)]
+    if not products:
+        return False
+    node = max(products, key=lambda n: graph.tensor(n.inputs[0]).numel * graph.tensor(n.output).shape[-1])
+    k, n = graph.constants[node.inputs[1]].shape
+    return _mkl_packed_faster(graph.tensor(node.inputs[0]).numel // k, k, n)
+
+
+@functools.cache  # one answer a shape and process: the variants a unit compiles do not change from call to call
+def _mkl_packed_faster(m: int, k: int, n: int) -> bool:
+    x, weight = torch.rand(m, k), torch.rand(n, k)
+    by_mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight, x.shape[0])
+    by_onednn = torch.ops.mkldnn._reorder_linear_weight(weight, x.shape[0])
+    calls = {"mkl": lambda: torch.ops.mkl._mkl_linear(x, by_mkl, weight, None, x.shape[0]),
+             "oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, by_onednn, None, "none", [], "")}
+    fastest = dict.fromkeys(calls, math.inf)
+    with torch.inference_mode():
+        for call in calls.values():  # warm-up
+            call()
+        for _ in range(_PROBE_CALLS):
+            for name, call in calls.items():
+                start = time.perf_counter()
+                call()
+                fastest[name] = min(fastest[name], time.perf_counter() - start)
+    return fastest["mkl"] < fastest["oneDNN"]
+
+
+_PROBE_CALLS = 5
 
 
 def conv1d_function(unit: int, slot: int, node: Node, kernel: int):

@@ -1,6 +1,8 @@
 // korch_ort::matmul (a product by a constant weight; korch_ort::matmul_blocks leaves it in column blocks),
 // korch_ort::batched_matmul (a product of two activations) and korch_ort::softmax, computed by ONNX Runtime's
-// MLAS, called from a compiled unit with no Python in between (backends/ort_gemm.py builds and loads this file).
+// MLAS, called from a compiled unit with no Python in between (backends/ort_gemm.py builds and loads this file);
+// and korch_ort::mkl_matmul, a product by a constant weight in MKL's packed GEMM, which a unit cannot hold
+// otherwise (below, before it).
 //
 // Each weight gets one-MatMul ONNX Runtime sessions with one intra-op thread each (MLAS packs the weight
 // once, when a session opens), run on torch's own threads (at::parallel_for): ONNX Runtime's thread pools
@@ -188,6 +190,14 @@ std::unique_ptr<Runtime> runtime;
 std::map<std::pair<int64_t, int64_t>, Gemm> gemms;
 // (unit token, slot, kind) -> the sessions of an activation operator, one per torch thread
 std::map<std::tuple<int64_t, int64_t, std::string>, std::vector<OrtSession*>> op_sessions;
+// a weight MKL packed (mkl_matmul, below)
+struct MklWeight {
+  at::Tensor packed, weight;  // weight: (n, k), a linear layer's, which _mkl_linear takes beside the packed one
+  int64_t rows;
+};
+// (unit token, slot) -> its weight, packed
+std::map<std::pair<int64_t, int64_t>, MklWeight> mkl_weights;
+
 
 void open_runtime(c10::string_view library) {
   std::lock_guard<std::mutex> guard(lock);
@@ -296,6 +306,9 @@ at::Tensor matmul_blocks(const at::Tensor& x, const at::Tensor& w, int64_t unit,
 // releases the sessions of ``unit`` (a measured kernel that is dropped; a unit's live as long as the process)
 void close_unit(int64_t unit) {
   std::lock_guard<std::mutex> guard(lock);
+  for (auto it = mkl_weights.lower_bound({unit, INT64_MIN}); it != mkl_weights.end() && it->first.first == unit;) {
+    it = mkl_weights.erase(it);
+  }
   if (!runtime) return;
   auto release = runtime->call<void (*)(OrtSession*)>(kReleaseSession);
   for (auto it = gemms.lower_bound({unit, INT64_MIN}); it != gemms.end() && it->first.first == unit;) {
@@ -310,6 +323,44 @@ void close_unit(int64_t unit) {
       ++it;
     }
   }
+}
+
+// MKL's packed GEMM (ATen's mkl::_mkl_linear) for a product by a constant weight. Inductor packs a weight so
+// only when it compiles in process: MKL's packed matrix holds its own address, so a package cannot carry it
+// (torch/_inductor/fx_passes/mkldnn_fusion.py), and AOTInductor's units get oneDNN's packed GEMM instead. Here
+// the weight is packed on the slot's first call, for that call's row count (MKL packs for one), and kept where
+// it was packed until close_unit. On the AVX-512 Xeon it multiplies ViT's and BERT's products 4-10% faster than
+// MLAS or oneDNN (benchmarks/gemm_paths.py).
+at::Tensor mkl_matmul(const at::Tensor& x, const at::Tensor& w, int64_t unit, int64_t slot) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && w.dim() == 2 &&
+                  x.size(-1) == w.size(0),
+              "korch_ort::mkl_matmul multiplies float32 rows by a float32 matrix, got ", x.sizes(), " and ",
+              w.sizes());
+  static auto reorder = c10::Dispatcher::singleton()
+                            .findSchemaOrThrow("mkl::_mkl_reorder_linear_weight", "")
+                            .typed<at::Tensor(const at::Tensor&, int64_t)>();
+  static auto linear = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("mkl::_mkl_linear", "")
+                           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                             const std::optional<at::Tensor>&, int64_t)>();
+  at::Tensor rows = x.reshape({-1, x.size(-1)}).contiguous();
+  const MklWeight* weight;
+  {
+    std::lock_guard<std::mutex> guard(lock);
+    auto found = mkl_weights.find({unit, slot});
+    if (found == mkl_weights.end()) {
+      at::Tensor columns_first = w.t().contiguous();
+      at::Tensor packed = reorder.call(columns_first, rows.size(0));
+      found = mkl_weights.emplace(std::make_pair(unit, slot), MklWeight{packed, columns_first, rows.size(0)}).first;
+    }
+    weight = &found->second;
+  }
+  TORCH_CHECK(weight->weight.size(0) == w.size(1) && weight->weight.size(1) == w.size(0), "korch_ort: unit ", unit,
+              " slot ", slot, " was packed for a ", weight->weight.size(1), "x", weight->weight.size(0),
+              " weight, called with ", w.size(0), "x", w.size(1));
+  // a call of another row count than the packed one multiplies by the weight as it is (_mkl_linear's own rule)
+  at::Tensor out = linear.call(rows, weight->packed, weight->weight, std::nullopt, weight->rows);
+  return out.view(with_last(x.sizes().slice(0, x.dim() - 1), w.size(1)));
 }
 
 // the sessions of activation operator ``kind`` (a model korch::ort_op_model serializes) at (unit, slot), one
@@ -402,6 +453,7 @@ KORCH_LIBRARY(KORCH_NAMESPACE, m) {
   m.def("matmul_blocks(Tensor x, Tensor w, int unit, int slot, int blocks) -> Tensor");
   m.def("batched_matmul(Tensor a, Tensor b, int unit, int slot) -> Tensor");
   m.def("softmax(Tensor x, int unit, int slot) -> Tensor");
+  m.def("mkl_matmul(Tensor x, Tensor w, int unit, int slot) -> Tensor");
 }
 
 KORCH_LIBRARY_IMPL(KORCH_NAMESPACE, CPU, m) {
@@ -409,4 +461,5 @@ KORCH_LIBRARY_IMPL(KORCH_NAMESPACE, CPU, m) {
   m.impl("matmul_blocks", &matmul_blocks);
   m.impl("batched_matmul", &batched_matmul);
   m.impl("softmax", &softmax);
+  m.impl("mkl_matmul", &mkl_matmul);
 }

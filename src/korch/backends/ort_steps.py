@@ -22,12 +22,13 @@ Step = tuple[Callable, tuple[str, ...], tuple[str, ...]]
 
 def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
                  add_constant: Callable[[str, np.ndarray], str],
-                 within: Collection[str] | None = None) -> dict[str, Step | None]:
+                 within: Collection[str] | None = None, mkl_products: bool = False) -> dict[str, Step | None]:
     """The MLAS steps of ``graph`` whose planned ``kernels`` (their primitives' names, in order) are given:
     products by constant weights and 1x1 convolutions (sibling ones as one), products of two activations, 1-D
     convolutions, and softmaxes within one kernel; with ``within``, only those of these primitives. ``token``
     keys the operators' sessions; ``add_constant(name, value)`` adds a constant the steps read (a weight laid
-    out for MLAS) and returns its name."""
+    out for MLAS) and returns its name. With ``mkl_products`` the products by constant weights run in MKL's
+    packed GEMM instead (``ort_gemm.mkl_product_function``)."""
     nodes = {node.name: node for node in graph.nodes}
     allowed = (lambda name: True) if within is None else within.__contains__
     replaced: dict[str, Step | None] = {}
@@ -55,7 +56,7 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
     contiguous = {name for step in replaced.values() if step for name in step[1]}
     contiguous.update(graph.outputs, (siblings[0].inputs[0] for siblings in products))
     for siblings in products:
-        _replace_siblings(graph, siblings, token, next(slots), contiguous, add_constant, replaced)
+        _replace_siblings(graph, siblings, token, next(slots), contiguous, add_constant, replaced, mkl_products)
     return replaced
 
 
@@ -86,19 +87,23 @@ def _replace_pointwise_siblings(graph: Graph, siblings: list[Node], token: int, 
 
 
 def _replace_siblings(graph: Graph, siblings: list[Node], token: int, slot: int, contiguous: set[str],
-                      add_constant: Callable[[str, np.ndarray], str], replaced: dict[str, Step | None]) -> None:
-    """One MLAS product for products of one activation, by their weights side by side (fewer calls, and wider
-    products run faster: three 197x768x768 products 4% slower than one 197x768x2304), computed where the first
-    runs; each product's output is its block of columns. A weight too large for every thread to stream all of
-    it is computed in column blocks, one per thread, which the kernels after it read where they lie
-    (``ort_gemm.column_blocks``), unless an output is one of ``contiguous``."""
+                      add_constant: Callable[[str, np.ndarray], str], replaced: dict[str, Step | None],
+                      mkl: bool = False) -> None:
+    """One MLAS product (MKL's packed one with ``mkl``) for products of one activation, by their weights side by
+    side (fewer calls, and wider products run faster: three 197x768x768 products 4% slower than one
+    197x768x2304), computed where the first runs; each product's output is its block of columns. A weight too
+    large for every thread to stream all of it is computed by MLAS in column blocks, one per thread, which the
+    kernels after it read where they lie (``ort_gemm.column_blocks``), unless an output is one of ``contiguous``."""
     first = siblings[0]
     widths = [graph.tensor(n.output).shape[-1] for n in siblings]
     weight = _weights_side_by_side(graph, siblings, add_constant, replaced)
-    blocks = 1 if any(n.output in contiguous for n in siblings) else \
-        ort_gemm.column_blocks(graph.tensor(first.inputs[1]).shape[0], sum(widths))
-    replaced[first.name] = (ort_gemm.product_function(token, slot, widths, blocks), (first.inputs[0], weight),
-                            tuple(n.output for n in siblings))
+    if mkl:
+        function = ort_gemm.mkl_product_function(token, slot, widths)
+    else:
+        blocks = 1 if any(n.output in contiguous for n in siblings) else \
+            ort_gemm.column_blocks(graph.tensor(first.inputs[1]).shape[0], sum(widths))
+        function = ort_gemm.product_function(token, slot, widths, blocks)
+    replaced[first.name] = (function, (first.inputs[0], weight), tuple(n.output for n in siblings))
 
 
 def _weights_side_by_side(graph: Graph, siblings: list[Node], add_constant: Callable[[str, np.ndarray], str],

@@ -81,6 +81,8 @@ class Variant:
     kernels the plan measured so (the MLAS backend's; elsewhere as Inductor's kernels were measured, packed for
     oneDNN: the unit that runs each kernel the way its plan priced it), "activations" only products of two
     activations and softmaxes (attention's; the weights' products by the other libraries);
+    ``mkl_products``, with ``ort_kernels``: the products by constant weights run in MKL's packed GEMM instead
+    (``ort_gemm.mkl_product_function``; Inductor packs for MKL only in process, so a unit never did);
     ``channels_last_boundaries``, values a convolution reads are stored channels-last between kernels
     (``kernel_boundaries``); ``pointwise_products``, 1x1 convolutions are products over the channels and
     depthwise ones over channels-last values their taps' sums, those of few output channels convolve their taps
@@ -90,15 +92,18 @@ class Variant:
     prepack: bool
     ort_kernels: bool = False
     ort_within: str = "all"
+    mkl_products: bool = False
     channels_last_boundaries: bool = True  # see kernel_boundaries
     planned_layouts: bool = False  # each kernel's values stored in the plan's layout instead (kernel_boundaries)
     pointwise_products: bool = True  # see torch_ops._pointwise_conv
 
 
 # the variants choose_unit compiles and times
+MKL_PACKED = "packed for MKL, the rest in MLAS"
 VARIANTS = {"packed for oneDNN": Variant(prepack=True), "as given to ATen": Variant(prepack=False),
             "MLAS by ONNX Runtime": Variant(prepack=True, ort_kernels=True),
-            "MLAS where planned": Variant(prepack=True, ort_kernels=True, ort_within="planned")}
+            "MLAS where planned": Variant(prepack=True, ort_kernels=True, ort_within="planned"),
+            MKL_PACKED: Variant(prepack=True, ort_kernels=True, mkl_products=True)}
 CHOICE_ROUNDS = 3
 # a choice's key: where a unit whose weights' products run in oneDNN or ATen computes attention's
 ACTIVATIONS = "products of activations"
@@ -147,7 +152,7 @@ class PlanModule(torch.nn.Module):
 
     def __init__(self, graph: Graph, plan: Plan, device: str = "cpu", ort_kernels: bool = False,
                  sizes: SizeFunctions | None = None, channels_last: bool = False, pointwise_products: bool = True,
-                 ort_within: str = "all"):
+                 ort_within: str = "all", mkl_products: bool = False):
         super().__init__()
         self._constant_attr = {}
         for i, (name, value) in enumerate(graph.constants.items()):
@@ -159,7 +164,7 @@ class PlanModule(torch.nn.Module):
         self._library_convs = library_conv_kernels(plan)  # their 1x1 convolutions the library's, as measured
         self.token, self._replaced = None, {}
         if ort_kernels:
-            self._replace_by_ort_kernels(graph, ort_primitives(graph, plan, ort_within))
+            self._replace_by_ort_kernels(graph, ort_primitives(graph, plan, ort_within), mkl_products)
         # found once, on the graph at its full size, outside any tracing: the activations' probes run torch ops
         # (a dynamic unit builds its steps again at each size while torch.export traces) and no rewrite depends
         # on a size
@@ -167,13 +172,13 @@ class PlanModule(torch.nn.Module):
         self._kernels = None if sizes else self._steps(graph)
         self._inputs, self._outputs = list(graph.inputs), list(graph.outputs)
 
-    def _replace_by_ort_kernels(self, graph: Graph, within: frozenset[str] | None) -> None:
+    def _replace_by_ort_kernels(self, graph: Graph, within: frozenset[str] | None, mkl_products: bool) -> None:
         """Route products and softmaxes to ONNX Runtime's kernels (``backends/ort_steps.py``), those of the
-        primitives ``within`` if given."""
+        primitives ``within`` if given; with ``mkl_products`` the products by constant weights to MKL's."""
         # a key the unit's calls carry, so that sessions of two units loaded in one process never mix
         self.token = random.getrandbits(62)
         self._replaced = ort_steps.replacements(graph, [k.nodes for k in self._plan.kernels], self.token,
-                                                self._add_constant, within)
+                                                self._add_constant, within, mkl_products)
         if self._replaced:
             ort_gemm.open_library()
         else:
@@ -286,7 +291,7 @@ def plan_module(graph: Graph, plan: Plan, device: str, variant: Variant, sizes=N
     7x7 ones of NCHW-planned kernels 3.5x their oneDNN time, which the plan had priced."""
     return PlanModule(graph, plan, device, variant.ort_kernels, sizes,
                       variant.channels_last_boundaries and not variant.planned_layouts, variant.pointwise_products,
-                      variant.ort_within).eval()
+                      variant.ort_within, variant.mkl_products).eval()
 
 
 def own_variants(graph: Graph, plan: Plan) -> dict[str, Variant]:
@@ -403,6 +408,8 @@ def _compiles_a_unit_of_its_own(variant: Variant, graph: Graph, plan: Plan) -> b
         return True
     if not ort_gemm.any_eligible(graph):
         return False
+    if variant.mkl_products:
+        return ort_gemm.mkl_packed_faster(graph)
     if variant.ort_within != "planned":
         return True
     within = mlas_kernels(plan)

@@ -3,8 +3,9 @@
 Each distinct pointwise convolution (1x1, stride 1, one group) of an ONNX model is timed, alone, as:
 ``bmm NCHW`` (``W @ X`` over an NCHW value, korch's product for NCHW values: MKL), ``bmm NHWC`` (``X @ W^T``
 over a channels-last value, korch's product for channels-last values: MKL), ``oneDNN linear`` (the weight
-packed once, ``torch.ops.mkldnn._linear_pointwise``, channels-last), and ``MLAS`` (ONNX Runtime's product,
-``backends/ort_gemm.py``, channels-last). Medians of calls from Python, so each includes a few microseconds
+packed once, ``torch.ops.mkldnn._linear_pointwise``, channels-last), ``MLAS`` (ONNX Runtime's product,
+``backends/ort_gemm.py``, channels-last) and, where torch has MKL, ``MKL packed`` (``korch_ort::mkl_matmul``, the
+weight packed for MKL on its first call, channels-last). Medians of calls from Python, so each includes a few microseconds
 of dispatch; the sums weigh each shape by how often the model has it.
 
     python benchmarks/pointwise_conv_paths.py MODEL.onnx [--threads 2] [--out FILE.json]
@@ -67,12 +68,18 @@ def paths(batch: int, c_in: int, c_out: int, height: int, width: int, slot: int,
     got = ort_gemm.ops().matmul(pixels, columns, unit, slot)
     if not torch.allclose(got, reference, rtol=1e-4, atol=1e-3):
         raise AssertionError(f"MLAS's product differs for {c_in}->{c_out} at {height}x{width}")
-    return {
+    times = {
         "bmm NCHW": median_s(lambda: torch.bmm(w.expand(batch, c_out, c_in), x.reshape(batch, c_in, -1))),
         "bmm NHWC": median_s(lambda: torch.bmm(pixels, w.t().expand(batch, c_in, c_out))),
         "oneDNN linear": median_s(lambda: torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], "")),
         "MLAS": median_s(lambda: ort_gemm.ops().matmul(pixels, columns, unit, slot)),
     }
+    if torch._C.has_mkl:  # its own slot: a slot keeps the first weight it was called with
+        if not torch.allclose(ort_gemm.ops().mkl_matmul(pixels, columns, unit + 1, slot), reference, rtol=1e-4,
+                              atol=1e-3):
+            raise AssertionError(f"MKL's packed product differs for {c_in}->{c_out} at {height}x{width}")
+        times["MKL packed"] = median_s(lambda: ort_gemm.ops().mkl_matmul(pixels, columns, unit + 1, slot))
+    return times
 
 
 def main(argv=None) -> int:

@@ -260,8 +260,9 @@ def mkl_product_function(unit: int, slot: int, widths: Sequence[int]):
 def mkl_packed_faster(graph: Graph) -> bool:
     """Whether this torch has MKL's packed GEMM (``mkl::_mkl_linear``: x86 builds) and it multiplies the largest
     product by a constant weight of ``graph`` faster than oneDNN's packed one, each call's fastest of
-    ``_PROBE_CALLS``, the two taking turns. On AMD CPUs MKL runs generic code (a third of oneDNN's rate on a
-    Zen 5); on the AVX-512 Xeon its packed GEMM is 4-10% ahead of oneDNN and MLAS (``benchmarks/gemm_paths.py``).
+    ``_PROBE_CALLS``, the two taking turns. On AMD CPUs MKL runs generic code (ATen's MKL product reached 212
+    GFLOP/s on a Zen 5 where oneDNN's packed one reached 480, ``cost.probe.matmul_paths``); on the AVX-512 Xeon
+    its packed GEMM is 4-10% ahead of oneDNN and MLAS on the transformers' shapes (``benchmarks/gemm_paths.py``).
     A unit whose products run in MKL is compiled only where it may win."""
     if not (torch._C.has_mkl and hasattr(torch.ops.mkl, "_mkl_linear") and torch.backends.mkldnn.is_available()):
         return False

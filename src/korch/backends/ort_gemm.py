@@ -243,17 +243,21 @@ def product_function(unit: int, slot: int, widths: Sequence[int], blocks: int = 
             y = ops().matmul_blocks(x, w, unit, slot, blocks).permute(1, 0, 2).reshape(*x.shape[:-1], w.shape[1])
         else:
             y = ops().matmul(x, w, unit, slot)
-        return list(y.split(list(widths), dim=-1)) if len(widths) > 1 else [y]
+        return _by_columns(y, widths)
     run.blocks = blocks  # for inspection
     return run
+
+
+def _by_columns(y: torch.Tensor, widths: Sequence[int]) -> list[torch.Tensor]:
+    """A product by weights side by side, cut into each weight's columns."""
+    return list(y.split(list(widths), dim=-1)) if len(widths) > 1 else [y]
 
 
 def mkl_product_function(unit: int, slot: int, widths: Sequence[int]):
     """``product_function``'s step in MKL's packed GEMM instead (``korch_ort::mkl_matmul``: the weight packed on
     the first call, where it stays)."""
     def run(x, w):
-        y = ops().mkl_matmul(x, w, unit, slot)
-        return list(y.split(list(widths), dim=-1)) if len(widths) > 1 else [y]
+        return _by_columns(ops().mkl_matmul(x, w, unit, slot), widths)
     return run
 
 
@@ -264,7 +268,7 @@ def mkl_packed_faster(graph: Graph) -> bool:
     GFLOP/s on a Zen 5 where oneDNN's packed one reached 480, ``cost.probe.matmul_paths``); on the AVX-512 Xeon
     its packed GEMM is 4-10% ahead of oneDNN and MLAS on the transformers' shapes (``benchmarks/gemm_paths.py``).
     A unit whose products run in MKL is compiled only where it may win."""
-    if not (torch._C.has_mkl and hasattr(torch.ops.mkl, "_mkl_linear") and torch.backends.mkldnn.is_available()):
+    if not (torch._C.has_mkl and hasattr(torch.ops.mkl, "_mkl_linear")):
         return False
     products = [n for n in graph.nodes if eligible(graph, n)]
     if not products:
@@ -274,13 +278,19 @@ def mkl_packed_faster(graph: Graph) -> bool:
     return _mkl_packed_faster(graph.tensor(node.inputs[0]).numel // k, k, n)
 
 
+_PROBE_CALLS = 5
+
+
 @functools.cache  # one answer a shape and process: the variants a unit compiles do not change from call to call
 def _mkl_packed_faster(m: int, k: int, n: int) -> bool:
+    from korch.cost.probe import matmul_paths
+
     x, weight = torch.rand(m, k), torch.rand(n, k)
-    by_mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight, x.shape[0])
-    by_onednn = torch.ops.mkldnn._reorder_linear_weight(weight, x.shape[0])
-    calls = {"mkl": lambda: torch.ops.mkl._mkl_linear(x, by_mkl, weight, None, x.shape[0]),
-             "oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, by_onednn, None, "none", [], "")}
+    onednn = matmul_paths(x, weight.t()).get("oneDNN packed")  # the weight packed once, as the CPU probe times it
+    if onednn is None:  # no oneDNN in this torch: nothing packed to weigh MKL's against
+        return False
+    by_mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight, m)
+    calls = {"mkl": lambda: torch.ops.mkl._mkl_linear(x, by_mkl, weight, None, m), "oneDNN": onednn}
     fastest = dict.fromkeys(calls, math.inf)
     with torch.inference_mode():
         for call in calls.values():  # warm-up
@@ -291,9 +301,6 @@ def _mkl_packed_faster(m: int, k: int, n: int) -> bool:
                 call()
                 fastest[name] = min(fastest[name], time.perf_counter() - start)
     return fastest["mkl"] < fastest["oneDNN"]
-
-
-_PROBE_CALLS = 5
 
 
 def conv1d_function(unit: int, slot: int, node: Node, kernel: int):

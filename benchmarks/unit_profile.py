@@ -7,8 +7,11 @@ then builds each planned kernel again by its plan's backend, with the same profi
 inputs (the search's timing). Events are grouped by family (the name without its number: ``cpp_fused_add_cat``,
 ``mkldnn::_convolution_pointwise``, ``korch_ort_*::matmul``), so a family the unit spends more on names what
 runs slower in sequence. The profile slows small loops: compare the two columns, not either with a timing.
+``--by-event`` instead lists the unit's own events by their full names (each generated loop, each library call
+with its shapes), how many a call runs and their milliseconds a call, and the kernels alone are not built: which
+one call is slow, where a family sums many (YOLOX-Nano: its stem convolution, one oneDNN call of 1.0-1.6 ms).
 
-    python benchmarks/unit_profile.py OUTDIR [--calls 5] [--weights VARIANT] [--out FILE.json]
+    python benchmarks/unit_profile.py OUTDIR [--calls 5] [--weights VARIANT] [--by-event] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -28,20 +31,40 @@ def family(name: str) -> str:
     return re.sub(r"_\d+$", "", name)
 
 
-def profiled_ms(run, calls: int) -> dict[str, float]:
-    """Self CPU milliseconds per call of ``run()`` by event family (after two untimed calls)."""
+def profiled_ms(run, calls: int, key=lambda event: family(event.name), shapes: bool = False) -> dict[str, float]:
+    """Self CPU milliseconds per call of ``run()`` by ``key(event)`` (default: the event's family), after two
+    untimed calls; ``shapes``: the profiler records the calls' input shapes."""
     import torch
 
     with torch.inference_mode():
         run()
         run()
-        with torch.profiler.profile() as prof:
+        with torch.profiler.profile(record_shapes=shapes) as prof:
             for _ in range(calls):
                 run()
     totals: dict[str, float] = collections.defaultdict(float)
     for event in prof.events():
-        totals[family(event.name)] += event.self_cpu_time_total / calls / 1e3
+        totals[key(event)] += event.self_cpu_time_total / calls / 1e3
     return totals
+
+
+def by_event(event) -> str:
+    """An event's full name, with its input shapes where the profiler recorded any (a library call's)."""
+    shapes = [s for s in event.input_shapes if s]
+    return f"{event.name} {shapes}" if shapes else event.name
+
+
+def event_rows(run, calls: int) -> list[dict]:
+    """The unit's events by full name, slowest first: milliseconds and events a call (counted in one more call,
+    profiled apart, so that counting slows nothing timed)."""
+    import torch
+
+    milliseconds = profiled_ms(run, calls, key=by_event, shapes=True)
+    with torch.inference_mode(), torch.profiler.profile(record_shapes=True) as prof:
+        run()
+    per_call = collections.Counter(by_event(event) for event in prof.events())
+    return sorted(({"event": name, "unit_ms": round(ms, 3), "per_call": per_call[name]}
+                   for name, ms in milliseconds.items()), key=lambda r: -r["unit_ms"])
 
 
 def main(argv=None) -> int:
@@ -60,6 +83,8 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=5, help="profiled calls of the unit and of each kernel")
     parser.add_argument("--weights", help="profile this variant of the manifest's (\"MLAS by ONNX Runtime\", ...) "
                                           "instead of the chosen one")
+    parser.add_argument("--by-event", action="store_true",
+                        help="the unit's events by full name instead of families against the kernels alone")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     heap.keep_freed_memory()  # as the unit and the search's workers run
@@ -74,6 +99,16 @@ def main(argv=None) -> int:
         if variant.ort_kernels:
             ort_gemm.open_library()
         inputs = unit.example_inputs(graph, "cpu")
+        if args.by_event:
+            rows = event_rows(lambda: compiled(*inputs), args.calls)
+            summary = {"model": plan.model, "kernels": len(plan.kernels), "unit": choice.get("weights"),
+                       "unit_profiled_ms": round(sum(r["unit_ms"] for r in rows), 2)}
+            print(json.dumps(summary))
+            for row in rows[:40]:
+                print(f"{row['unit_ms']:9.3f} x{row['per_call']:<3d} {row['event'][:110]}")
+            bench.write_record(bench.record("unit profile by event", "benchmarks/unit_profile.py", argv,
+                                            summary=summary, rows=rows), args.out)
+            return 0
         in_unit = profiled_ms(lambda: compiled(*inputs), args.calls)
         alone: dict[str, float] = collections.defaultdict(float)
         for k, kernel in zip(plan.kernels, kernel_graphs(graph, plan, layouts=True)):

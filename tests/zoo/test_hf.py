@@ -25,7 +25,7 @@ from korch.zoo import build, export, get, hf, list_models
 pytest.importorskip("transformers")
 
 HF_NAMES = ["hf_bert", "hf_gpt2", "hf_llama", "hf_vit", "hf_whisper_encoder", "hf_t5_encoder", "hf_distilbert",
-            "hf_phi", "hf_convnext", "hf_resnet", "hf_segformer"]
+            "hf_phi", "hf_convnext", "hf_resnet", "hf_segformer", "hf_mobilenet_v2", "hf_efficientnet", "hf_swin"]
 
 EXPECTED_OUTPUT_SHAPES = {
     "hf_bert": (1, 128, 256),
@@ -39,8 +39,11 @@ EXPECTED_OUTPUT_SHAPES = {
     "hf_convnext": (1, 320, 7, 7),
     "hf_resnet": (1, 512, 7, 7),
     "hf_segformer": (1, 150, 64, 64),
+    "hf_mobilenet_v2": (1, 1280, 7, 7),
+    "hf_efficientnet": (1, 1280, 7, 7),
+    "hf_swin": (1, 196, 192),
 }
-CONVOLUTIONAL = {"hf_convnext", "hf_resnet"}
+CONVOLUTIONAL = {"hf_convnext", "hf_resnet", "hf_mobilenet_v2", "hf_efficientnet"}
 
 
 @pytest.fixture(scope="module")

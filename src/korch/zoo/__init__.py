@@ -264,6 +264,39 @@ _ENTRIES = (
         hf.segformer,
         {"pixel_values": "normal"},
     ),
+    _Entry(
+        ZooModel(
+            "hf_mobilenet_v2",
+            "transformers MobileNetV2Model, width 1.0: 224x224 image, 17 inverted residual blocks of 3x3 depthwise "
+            "convolutions and ReLU6, last feature map (Sandler et al. 2018)",
+            {"pixel_values": (1, 3, hf.IMAGE_SIDE, hf.IMAGE_SIDE)},
+            None,
+        ),
+        hf.mobilenet_v2,
+        {"pixel_values": "normal"},
+    ),
+    _Entry(
+        ZooModel(
+            "hf_efficientnet",
+            "transformers EfficientNetModel, B0 size: 224x224 image, 16 MBConv blocks of depthwise convolutions, "
+            "squeeze-and-excitation and SiLU, last feature map (Tan and Le 2019)",
+            {"pixel_values": (1, 3, hf.IMAGE_SIDE, hf.IMAGE_SIDE)},
+            None,
+        ),
+        hf.efficientnet,
+        {"pixel_values": "normal"},
+    ),
+    _Entry(
+        ZooModel(
+            "hf_swin",
+            "transformers SwinModel, embedding 48, 2-2-2 blocks, 3-6-12 heads, 7x7 shifted windows: 224x224 image, "
+            "last hidden state (Liu et al. 2021)",
+            {"pixel_values": (1, 3, hf.IMAGE_SIDE, hf.IMAGE_SIDE)},
+            None,
+        ),
+        hf.swin,
+        {"pixel_values": "normal"},
+    ),
 )
 
 _REGISTRY = {entry.model.name: entry for entry in _ENTRIES}

@@ -6,7 +6,8 @@ takes plain tensors and returns the last hidden state as one tensor. The
 sizes are those of small published checkpoints (BERT-mini, ViT-S/16,
 Whisper-tiny's encoder, ConvNeXt-atto, ResNet-18's widths) cut to a few
 layers, big enough that their GEMMs and convolutions matter, small enough to
-optimize in seconds.
+optimize in seconds; the mobile convolution networks (MobileNetV2,
+EfficientNet-B0) are whole, at their published sizes.
 
 No checkpoint is downloaded: every model is built from its config, weights
 from ``transformers``' own initialization under the zoo's seeded torch RNG.
@@ -26,7 +27,8 @@ from torch import nn
 from korch.errors import KorchError
 
 __all__ = ["IMAGE_SIDE", "MEL_BINS", "PATCH", "SEGMENTATION_SIDE", "SEQUENCE", "VOCAB", "bert", "convnext",
-           "distilbert", "gpt2", "llama", "phi", "resnet", "segformer", "t5_encoder", "vit", "whisper_encoder"]
+           "distilbert", "efficientnet", "gpt2", "llama", "mobilenet_v2", "phi", "resnet", "segformer", "swin",
+           "t5_encoder", "vit", "whisper_encoder"]
 
 # Tokens of the text models' input and of the Whisper encoder's output.
 SEQUENCE = 128
@@ -165,3 +167,29 @@ def segformer() -> nn.Module:
     t = _transformers()
     config = t.SegformerConfig(num_labels=150, **_common())
     return Logits(t.SegformerForSemanticSegmentation(config), "pixel_values")
+
+
+def mobilenet_v2() -> nn.Module:
+    """MobileNetV2Model at its published size (width 1.0, 17 inverted residual blocks: 1x1 expansions, 3x3
+    depthwise convolutions, ReLU6); 224x224 image, the last feature map (1280 channels at 7x7)."""
+    t = _transformers()
+    config = t.MobileNetV2Config(depth_multiplier=1.0, image_size=IMAGE_SIDE, **_common())
+    return LastHiddenState(t.MobileNetV2Model(config, add_pooling_layer=False), "pixel_values")
+
+
+def efficientnet() -> nn.Module:
+    """EfficientNetModel at B0's size (width and depth 1.0, 16 MBConv blocks: depthwise convolutions,
+    squeeze-and-excitation, SiLU); 224x224 image, the last feature map (1280 channels at 7x7)."""
+    t = _transformers()
+    config = t.EfficientNetConfig(image_size=IMAGE_SIDE, width_coefficient=1.0, depth_coefficient=1.0,
+                                  hidden_dim=1280, **_common())
+    return LastHiddenState(t.EfficientNetModel(config), "pixel_values")
+
+
+def swin() -> nn.Module:
+    """SwinModel, Swin-T's window attention at half its width and three stages of two blocks (embedding 48,
+    3-6-12 heads, 7x7 windows, shifted every other block); 224x224 image, the last hidden state."""
+    t = _transformers()
+    config = t.SwinConfig(image_size=IMAGE_SIDE, embed_dim=48, depths=[2, 2, 2], num_heads=[3, 6, 12],
+                          **_common())
+    return LastHiddenState(t.SwinModel(config, add_pooling_layer=False), "pixel_values")

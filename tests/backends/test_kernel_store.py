@@ -165,3 +165,24 @@ def test_nothing_is_stored_or_loaded_where_inductors_caches_are_off(monkeypatch)
     from korch.backends.inductor import VERSION
 
     assert not kernel_store._path(kernel_store.key(graph, "inductor", VERSION)).exists()
+
+
+def test_the_digest_follows_the_operators_cpp_source_that_generated_calls_name(monkeypatch):
+    """An MLAS kernel's code calls ``korch_ort_<digest of ort_gemm_op.cpp>::...``: a kernel stored before that
+    C++ changed must not answer after it (it called operators no library of this korch registers)."""
+    from pathlib import Path
+
+    from korch.backends import ort_gemm
+
+    assert ort_gemm._SOURCE in kernel_store.source_files()
+    kernel_store._process_part.cache_clear()
+    before = kernel_store._process_part()
+    read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda path: read(path) + (b"\n// changed\n" if path == ort_gemm._SOURCE
+                                                                        else b""))
+    kernel_store._process_part.cache_clear()
+    try:
+        assert kernel_store._process_part() != before
+    finally:
+        monkeypatch.undo()
+        kernel_store._process_part.cache_clear()

@@ -74,6 +74,19 @@ def test_the_reference_is_the_exact_function_not_torchs_float32_library(monkeypa
     assert [(c.activation, c.source) for c in activation_chains(graph)] == [("gelu", "x")]
 
 
+def test_a_chain_is_recognized_whatever_torchs_float32_erf_returns(monkeypatch):
+    """torch 2.13's float32 erf, called first in a process, returned 1.0 for erf(2.595) in some runs (CI failed
+    on this file by chance): the chain is judged by the function it computes, not by a float32 library."""
+    from korch.ir import interpret
+
+    def saturating_in_float32(node, x):
+        exact = torch.erf(x)
+        return torch.where(exact > 0.9997, 1.0, exact) if x.dtype == torch.float32 else exact
+    monkeypatch.setitem(interpret._TABLE, Op.ERF, saturating_in_float32)
+    _, graph, _ = load_model(_model(*CASES["gelu_div_sqrt2"][:3]))
+    assert [(c.activation, c.source) for c in activation_chains(graph)] == [("gelu", "x")]
+
+
 @pytest.mark.parametrize("case", ["silu", "gelu_div_sqrt2", "hardswish_by_sixth", "quick_gelu"])
 def test_a_kernel_with_a_recognized_activation_matches_onnx_runtime(case):
     nodes, constants, opset, activation = CASES[case]

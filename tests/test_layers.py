@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS = [
     {"korch.errors", "korch.config", "korch.fsutil", "korch.version", "korch.precision", "korch.workers", "korch.threads",
-     "korch.heap"},
+     "korch.heap", "korch.vector_math"},
     {"korch.ir"},
     {"korch.frontend", "korch.zoo"},
     {"korch.fission"},

@@ -15,9 +15,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from korch import vector_math
 from korch.ir import dtypes
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import Op
+
+vector_math.start()  # before any eager operation of the interpreter's runs on torch's threads
 
 Kernel = Callable[..., torch.Tensor]
 _TABLE: dict[Op, Kernel] = {}

@@ -31,9 +31,9 @@ def family(name: str) -> str:
     return re.sub(r"_\d+$", "", name)
 
 
-def profiled_ms(run, calls: int, key=lambda event: family(event.name), shapes: bool = False) -> dict[str, float]:
-    """Self CPU milliseconds per call of ``run()`` by ``key(event)`` (default: the event's family), after two
-    untimed calls; ``shapes``: the profiler records the calls' input shapes."""
+def profiled_events(run, calls: int, shapes: bool = False) -> list:
+    """The profiler's events of ``calls`` calls of ``run()``, after two untimed calls; ``shapes``: the profiler
+    records the calls' input shapes."""
     import torch
 
     with torch.inference_mode():
@@ -42,9 +42,14 @@ def profiled_ms(run, calls: int, key=lambda event: family(event.name), shapes: b
         with torch.profiler.profile(record_shapes=shapes) as prof:
             for _ in range(calls):
                 run()
+    return prof.events()
+
+
+def profiled_ms(run, calls: int) -> dict[str, float]:
+    """Self CPU milliseconds per call of ``run()`` by event family."""
     totals: dict[str, float] = collections.defaultdict(float)
-    for event in prof.events():
-        totals[key(event)] += event.self_cpu_time_total / calls / 1e3
+    for event in profiled_events(run, calls):
+        totals[family(event.name)] += event.self_cpu_time_total / calls / 1e3
     return totals
 
 
@@ -55,15 +60,14 @@ def by_event(event) -> str:
 
 
 def event_rows(run, calls: int) -> list[dict]:
-    """The unit's events by full name, slowest first: milliseconds and events a call (counted in one more call,
-    profiled apart, so that counting slows nothing timed)."""
-    import torch
-
-    milliseconds = profiled_ms(run, calls, key=by_event, shapes=True)
-    with torch.inference_mode(), torch.profiler.profile(record_shapes=True) as prof:
-        run()
-    per_call = collections.Counter(by_event(event) for event in prof.events())
-    return sorted(({"event": name, "unit_ms": round(ms, 3), "per_call": per_call[name]}
+    """The unit's events by full name, slowest first: milliseconds and events a call."""
+    milliseconds: dict[str, float] = collections.defaultdict(float)
+    count: collections.Counter = collections.Counter()
+    for event in profiled_events(run, calls, shapes=True):
+        name = by_event(event)
+        milliseconds[name] += event.self_cpu_time_total / calls / 1e3
+        count[name] += 1
+    return sorted(({"event": name, "unit_ms": round(ms, 3), "per_call": round(count[name] / calls)}
                    for name, ms in milliseconds.items()), key=lambda r: -r["unit_ms"])
 
 

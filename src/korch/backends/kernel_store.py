@@ -44,6 +44,7 @@ from korch.ir.graph import Graph
 STORE_DIR = "korch-kernels"  # under Inductor's cache directory
 ENTRIES, BLOBS = "entries", "blobs"  # a kernel's entry; a constant's values, kept once for every entry naming them
 _SOURCES = ("backends", "ir")  # korch's packages whose code decides a kernel's generated code
+_KORCH = Path(__file__).resolve().parent.parent  # the package they are in
 # their files that do: Python, and the C++ of korch's operators, whose namespace a generated call names (an MLAS
 # kernel's ``korch_ort_<digest of ort_gemm_op.cpp>::softmax``: kept under the Python alone, a kernel stored before
 # the C++ changed called operators no library registers)
@@ -55,8 +56,7 @@ _PACKS = ("_reorder_convolution_weight", "_reorder_convolution_transpose_weight"
 
 def source_files() -> list[Path]:
     """korch's source files a kernel's generated code follows from (``_SOURCES``, ``_SOURCE_SUFFIXES``)."""
-    root = Path(__file__).resolve().parent.parent
-    return [path for package in _SOURCES for path in sorted((root / package).rglob("*"))
+    return [path for package in _SOURCES for path in sorted((_KORCH / package).rglob("*"))
             if path.suffix in _SOURCE_SUFFIXES and path.is_file()]
 
 
@@ -67,9 +67,8 @@ def _process_part() -> str:
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     digest = hashlib.sha256()
-    root = Path(__file__).resolve().parent.parent
     for path in source_files():
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+        digest.update(path.relative_to(_KORCH).as_posix().encode() + b"\0" + path.read_bytes())
     environment = sorted((k, v) for k, v in os.environ.items()
                          if k.startswith("TORCHINDUCTOR_") and k not in _ENV_IGNORED)
     digest.update(json.dumps([torch.__version__, str(pick_vec_isa()), environment]).encode())

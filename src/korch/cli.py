@@ -134,6 +134,7 @@ def cmd_optimize(args) -> int:
             precision=args.precision, cuda_graph=False if args.no_cuda_graph else None,
             tolerance=args.tolerance, check_inputs=read_npz(args.check_inputs, "--check-inputs"),
             input_values=input_values(args), unit_boundaries=args.unit_boundaries,
+            blocked_convolutions=args.blocked_convolutions,
             layouts=False if args.no_layouts else None, measure_ahead=args.measure_ahead)
     out = args.output
     plan = result.plan
@@ -393,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unit-boundaries", choices=config.UNIT_BOUNDARIES,
                    help="on a CPU, how the compiled unit stores the values a convolution reads between kernels "
                         "(default: measured, the faster of both)")
+    p.add_argument("--blocked-convolutions", choices=config.BLOCKED_CONVOLUTIONS,
+                   help="on a CPU, whether the compiled unit runs its convolutions in ONNX Runtime's blocked layout, "
+                        "keeping their values blocked between kernels (default: measured, the faster of both)")
     p.add_argument("--no-layouts", action="store_true",
                    help="on a CPU with measured costs, store every value contiguous instead of choosing each "
                         "value's layout with the kernels")

@@ -93,12 +93,23 @@ keep_freed_memory: bool = os.environ.get("KORCH_KEEP_FREED_MEMORY", "1") != "0"
 UNIT_BOUNDARIES = ("measured", "nchw", "channels-last")
 unit_boundaries: str = os.environ.get("KORCH_UNIT_BOUNDARIES", "measured")
 
+# Whether a compiled unit's convolutions run in ONNX Runtime's blocked layout, their values kept blocked between
+# kernels (backends/nchwc.py): "measured" (compiled both ways where some convolution can, the faster kept),
+# "always" or "never"; `--blocked-convolutions` sets it for one command.
+BLOCKED_CONVOLUTIONS = ("measured", "always", "never")
+blocked_convolutions: str = os.environ.get("KORCH_BLOCKED_CONVOLUTIONS", "measured")
+
+
+def checked_choice(value: str, known: tuple[str, ...], what: str) -> str:
+    """``value`` if it is one of ``known``, else a one-line error naming ``what`` it chooses."""
+    if value not in known:
+        raise KorchError(f"unknown {what} {value!r}; known: {', '.join(known)}")
+    return value
+
 
 def checked_unit_boundaries(value: str) -> str:
     """``value`` if it is one of ``UNIT_BOUNDARIES``, else a one-line error."""
-    if value not in UNIT_BOUNDARIES:
-        raise KorchError(f"unknown unit boundary layout {value!r}; known: {', '.join(UNIT_BOUNDARIES)}")
-    return value
+    return checked_choice(value, UNIT_BOUNDARIES, "unit boundary layout")
 
 # Whether a measured plan for a CPU chooses each value's layout with its kernels (orchestrate/layouts.py): every
 # candidate that reads or writes a 4-D activation is measured channels-last too, and the compiled unit stores

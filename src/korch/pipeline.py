@@ -86,7 +86,7 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
              precision: str | None = None, cuda_graph: bool | None = None, tolerance: float | None = None,
              check_inputs: Mapping | None = None, input_values: Mapping | None = None,
              unit_boundaries: str | None = None, layouts: bool | None = None,
-             measure_ahead: int | None = None) -> Optimized:
+             measure_ahead: int | None = None, blocked_convolutions: str | None = None) -> Optimized:
     """The optimal plan of ``model`` (a path, ``zoo:NAME`` or a ModelProto) for ``target``, and with
     ``output`` its executable, built, checked against ONNX Runtime and written there.
 
@@ -107,7 +107,9 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
     ``unit_boundaries`` (default ``config.unit_boundaries``): how a compiled unit lays out the values a
     convolution reads between kernels, "measured", "nchw" or "channels-last" (``runtime/unit.py``); a plan
     that chose its values' layouts (``layouts``, default ``config.layouts``: measured plans for CPUs,
-    ``orchestrate/layouts.py``) stores them as planned instead. ``measure_ahead`` (default
+    ``orchestrate/layouts.py``) stores them as planned instead. ``blocked_convolutions`` (default
+    ``config.blocked_convolutions``): whether the unit's convolutions run in ONNX Runtime's blocked layout,
+    "measured", "always" or "never" (``backends/nchwc.py``). ``measure_ahead`` (default
     ``config.measure_ahead``): columns a round of the measured search may measure beside its plan's
     (``orchestrate/lazy.py``; 0: only what each round's plan selects).
     """
@@ -123,10 +125,12 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
         raise KorchError(f"--tolerance is a relative norm between 0 and 1, got {tolerance:g}")
     check = _Check(tolerance, dict(check_inputs) if check_inputs is not None else None, input_values)
     boundaries = config.checked_unit_boundaries(unit_boundaries or config.unit_boundaries)
+    blocked = config.checked_choice(blocked_convolutions or config.blocked_convolutions,
+                                    config.BLOCKED_CONVOLUTIONS, "blocked-convolutions choice")
     if measure_ahead is not None and measure_ahead < 0:
         raise KorchError(f"--measure-ahead is a number of candidate kernels, 0 or more, got {measure_ahead}")
     with policies.use(policy), config.patch(cuda_graph=config.cuda_graph if cuda_graph is None else cuda_graph,
-                                            unit_boundaries=boundaries,
+                                            unit_boundaries=boundaries, blocked_convolutions=blocked,
                                             layouts=config.layouts if layouts is None else layouts,
                                             measure_ahead=config.measure_ahead if measure_ahead is None
                                             else measure_ahead):

@@ -202,6 +202,15 @@ struct MklWeight {
 };
 // (unit token, slot) -> its weight, packed
 std::map<std::pair<int64_t, int64_t>, MklWeight> mkl_weights;
+// a convolution in ONNX Runtime's blocked layout (nchwc_conv, below)
+struct NchwcConv {
+  std::vector<OrtSession*> sessions;  // one per part, its output blocks first_block(p) .. first_block(p + 1)
+  int64_t out_blocks;
+
+  int64_t first_block(int64_t p) const { return out_blocks * p / static_cast<int64_t>(sessions.size()); }
+};
+// (unit token, slot) -> its sessions
+std::map<std::pair<int64_t, int64_t>, NchwcConv> nchwc_convs;
 
 
 void open_runtime(c10::string_view library) {
@@ -321,6 +330,10 @@ void close_unit(int64_t unit) {
   for (auto it = gemms.lower_bound({unit, INT64_MIN}); it != gemms.end() && it->first.first == unit;) {
     for (OrtSession* session : it->second.sessions) release(session);
     it = gemms.erase(it);
+  }
+  for (auto it = nchwc_convs.lower_bound({unit, INT64_MIN}); it != nchwc_convs.end() && it->first.first == unit;) {
+    for (OrtSession* session : it->second.sessions) release(session);
+    it = nchwc_convs.erase(it);
   }
   for (auto it = op_sessions.begin(); it != op_sessions.end();) {
     if (std::get<0>(it->first) == unit) {
@@ -443,6 +456,84 @@ at::Tensor softmax(const at::Tensor& x, int64_t unit, int64_t slot) {
   return out;
 }
 
+// A convolution in ONNX Runtime's blocked layout (its com.microsoft.nchwc Conv, bias, residual sum and activation
+// inside): values are (N, C/B, H, W, B) arrays, channels padded to MLAS's block B, so that one convolution reads
+// what another wrote with no reorder between them (backends/nchwc.py). The threads split the output blocks, each
+// running a session of its blocks' weights (a depthwise one reads only its blocks of the input too); ONNX
+// Runtime's own pool never starts (beside torch's OpenMP workers a convolution and a loop took twice their sum,
+// its spinning on or off). Split by output rows instead, through buffers of each thread's own where a part's
+// rows are not one run (MLAS computes up to four output blocks per pass over the input, and a part of one or two
+// blocks cannot), ResNet's and MobileNetV2's units ran no faster (BENCHMARKS.md, thirty-fifth session).
+
+// spec: block, kernel (2), strides (2), pads (top, left, bottom, right), dilations (2), group, output channels
+enum Spec : int { kBlock = 0, kKernel = 1, kStride = 3, kPads = 5, kDilation = 9, kGroup = 11, kOutChannels = 12,
+                  kSpecLength = 13 };
+
+const NchwcConv& nchwc_for(const at::Tensor& w, const at::Tensor& b, bool sum, at::IntArrayRef spec,
+                           at::ArrayRef<double> activation, int64_t unit, int64_t slot) {
+  std::lock_guard<std::mutex> guard(lock);
+  TORCH_CHECK(runtime, "korch_ort: ONNX Runtime's library is not open (korch.backends.ort_gemm opens it)");
+  auto found = nchwc_convs.find({unit, slot});
+  if (found == nchwc_convs.end()) {
+    // the one-Conv model of output blocks [first, last), serialized by korch in Python (backends/nchwc.py)
+    static auto model_of = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("korch::ort_nchwc_model", "")
+                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, bool, at::IntArrayRef,
+                                                 at::ArrayRef<double>, int64_t, int64_t)>();
+    const int64_t block = spec[kBlock], out_blocks = (spec[kOutChannels] + block - 1) / block;
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), out_blocks));
+    NchwcConv conv{{}, out_blocks};
+    for (int64_t p = 0; p < parts; ++p) {
+      const int64_t first = out_blocks * p / parts, last = out_blocks * (p + 1) / parts;
+      conv.sessions.push_back(runtime->open(model_of.call(w, b, sum, spec, activation, first, last)));
+    }
+    found = nchwc_convs.emplace(std::make_pair(unit, slot), std::move(conv)).first;
+  }
+  return found->second;
+}
+
+// x: (N, C/B, H, W, B) blocked, or (N, C, H, W) with C < B (a network's first convolution: MLAS reads it so);
+// sum: a blocked value of the output's shape added before the activation (a residual connection), or none
+at::Tensor nchwc_conv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                      const std::optional<at::Tensor>& sum, at::IntArrayRef spec, at::ArrayRef<double> activation,
+                      int64_t unit, int64_t slot) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && (x.dim() == 5 || x.dim() == 4) && spec.size() == kSpecLength,
+              "korch_ort::nchwc_conv takes a float32 blocked (5-D) or NCHW (4-D) array, got ", x.sizes());
+  const int64_t block = spec[kBlock];
+  TORCH_CHECK(x.dim() == 4 || x.size(4) == block, "korch_ort::nchwc_conv: blocks of ", x.size(4), " channels, ",
+              "the unit was built for ", block);
+  at::Tensor input = x.contiguous();
+  const NchwcConv& conv = nchwc_for(w, b, sum.has_value(), spec, activation, unit, slot);
+  const int64_t n = x.size(0), h = x.size(2), wd = x.size(3);
+  const int64_t in_channels = x.dim() == 5 ? x.size(1) * block : x.size(1);
+  const int64_t ho = (h + spec[kPads] + spec[kPads + 2] - spec[kDilation] * (spec[kKernel] - 1) - 1) / spec[kStride] + 1;
+  const int64_t wo =
+      (wd + spec[kPads + 1] + spec[kPads + 3] - spec[kDilation + 1] * (spec[kKernel + 1] - 1) - 1) / spec[kStride + 1] + 1;
+  const bool depthwise = spec[kGroup] > 1;
+  at::Tensor out = at::empty({n, conv.out_blocks, ho, wo, block}, x.options());
+  float *x_data = input.data_ptr<float>(), *y_data = out.data_ptr<float>();
+  at::Tensor added = sum.has_value() ? sum->contiguous() : at::Tensor();
+  TORCH_CHECK(!added.defined() || added.sizes() == out.sizes(), "korch_ort::nchwc_conv: a sum of shape ",
+              added.sizes(), " for an output of ", out.sizes());
+  float* sum_data = added.defined() ? added.data_ptr<float>() : nullptr;
+  const int64_t in_image = in_channels * h * wd, out_image = conv.out_blocks * block * ho * wo;
+  const int64_t parts = conv.sessions.size();
+  at::parallel_for(0, parts * n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t p = item % parts, image = item / parts;
+      const int64_t first = conv.first_block(p), blocks = conv.first_block(p + 1) - first;
+      // a depthwise part reads only its own channels
+      float* source = x_data + image * in_image + (depthwise ? first * block * h * wd : 0);
+      const int64_t channels = depthwise ? blocks * block : in_channels;
+      const int64_t at = image * out_image + first * block * ho * wo;
+      std::vector<Array> inputs{{source, {1, channels, h, wd}}};
+      if (sum_data != nullptr) inputs.push_back({sum_data + at, {1, blocks * block, ho, wo}});
+      runtime->run(conv.sessions[p], inputs, {y_data + at, {1, blocks * block, ho, wo}});
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 // native.py names the namespace after this source (one library per namespace and process)
@@ -461,6 +552,8 @@ KORCH_LIBRARY(KORCH_NAMESPACE, m) {
   m.def("batched_matmul(Tensor a, Tensor b, int unit, int slot) -> Tensor");
   m.def("softmax(Tensor x, int unit, int slot) -> Tensor");
   m.def("mkl_matmul(Tensor x, Tensor w, int unit, int slot) -> Tensor");
+  m.def("nchwc_conv(Tensor x, Tensor w, Tensor b, Tensor? sum, int[] spec, float[] activation, int unit, int slot) "
+        "-> Tensor");
 }
 
 KORCH_LIBRARY_IMPL(KORCH_NAMESPACE, CPU, m) {
@@ -469,4 +562,5 @@ KORCH_LIBRARY_IMPL(KORCH_NAMESPACE, CPU, m) {
   m.impl("batched_matmul", &batched_matmul);
   m.impl("softmax", &softmax);
   m.impl("mkl_matmul", &mkl_matmul);
+  m.impl("nchwc_conv", &nchwc_conv);
 }

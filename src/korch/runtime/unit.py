@@ -55,7 +55,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from korch.backends import ort_gemm, ort_steps
+from korch.backends import nchwc, ort_gemm, ort_steps
 from korch.backends.freezing import frozen_compile
 from korch.backends.inductor import LibraryConvBackend
 from korch.backends.inlining import raised_inline_limits
@@ -89,7 +89,8 @@ class Variant:
     (``kernel_boundaries``); ``pointwise_products``, 1x1 convolutions are products over the channels and
     depthwise ones over channels-last values their taps' sums, those of few output channels convolve their taps
     folded into channels (``torch_ops._pointwise_conv``, ``_depthwise_conv``, ``_narrow_conv``) but in the kernels the plan measured with the library's (``library_conv_kernels``),
-    else the library's everywhere."""
+    else the library's everywhere; ``nchwc``, convolutions in ONNX Runtime's blocked layout, their values kept
+    blocked between kernels (``backends/nchwc.py``)."""
 
     prepack: bool
     ort_kernels: bool = False
@@ -98,6 +99,7 @@ class Variant:
     channels_last_boundaries: bool = True  # see kernel_boundaries
     planned_layouts: bool = False  # each kernel's values stored in the plan's layout instead (kernel_boundaries)
     pointwise_products: bool = True  # see torch_ops._pointwise_conv
+    nchwc: bool = False
 
 
 # the variants choose_unit compiles and times
@@ -109,6 +111,8 @@ VARIANTS = {"packed for oneDNN": Variant(prepack=True), "as given to ATen": Vari
 CHOICE_ROUNDS = 3
 # a choice's key: where a unit whose weights' products run in oneDNN or ATen computes attention's
 ACTIVATIONS = "products of activations"
+# a choice's key: whether the convolutions run in ONNX Runtime's blocked layout ("yes"/"no", backends/nchwc.py)
+BLOCKED_CONVOLUTIONS = "blocked convolutions"
 # the ONNX Runtime variant's name until its softmaxes and products of activations (2026-11-24)
 _EARLIER_ORT_VARIANT = "GEMMs by ONNX Runtime"
 
@@ -154,7 +158,7 @@ class PlanModule(torch.nn.Module):
 
     def __init__(self, graph: Graph, plan: Plan, device: str = "cpu", ort_kernels: bool = False,
                  sizes: SizeFunctions | None = None, channels_last: bool = False, pointwise_products: bool = True,
-                 ort_within: str = "all", mkl_products: bool = False):
+                 ort_within: str = "all", mkl_products: bool = False, blocked: bool = False):
         super().__init__()
         self._constant_attr = {}
         for i, (name, value) in enumerate(graph.constants.items()):
@@ -165,6 +169,9 @@ class PlanModule(torch.nn.Module):
         self._channels_last, self._pointwise_products = channels_last, pointwise_products  # node_function's
         self._library_convs = library_conv_kernels(plan)  # their 1x1 convolutions the library's, as measured
         self.token, self._replaced = None, {}
+        self._block = nchwc.block() if blocked else 0
+        if blocked:
+            self._replace_by_blocked_convolutions(graph)
         if ort_kernels:
             self._replace_by_ort_kernels(graph, ort_primitives(graph, plan, ort_within), mkl_products)
         # found once, on the graph at its full size, outside any tracing: the activations' probes run torch ops
@@ -178,13 +185,23 @@ class PlanModule(torch.nn.Module):
         """Route products and softmaxes to ONNX Runtime's kernels (``backends/ort_steps.py``), those of the
         primitives ``within`` if given; with ``mkl_products`` the products by constant weights to MKL's."""
         # a key the unit's calls carry, so that sessions of two units loaded in one process never mix
-        self.token = random.getrandbits(62)
-        self._replaced = ort_steps.replacements(graph, [k.nodes for k in self._plan.kernels], self.token,
-                                                self._add_constant, within, mkl_products)
+        self.token = self.token or random.getrandbits(62)
+        if self._replaced:  # blocked convolutions first (``_replace_by_blocked_convolutions``)
+            within = frozenset(within if within is not None else (n.name for n in graph.nodes)) - set(self._replaced)
+        self._replaced.update(ort_steps.replacements(graph, [k.nodes for k in self._plan.kernels], self.token,
+                                                     self._add_constant, within, mkl_products))
         if self._replaced:
             ort_gemm.open_library()
         else:
             self.token = None
+
+    def _replace_by_blocked_convolutions(self, graph: Graph) -> None:
+        """Run convolutions in ONNX Runtime's blocked layout (``backends/nchwc.py``), with the bias, residual sum
+        and ReLU or clip after them in their kernels."""
+        self.token = random.getrandbits(62)
+        self._replaced = nchwc.replacements(graph, [k.nodes for k in self._plan.kernels], self.token,
+                                            self._add_constant, self._block)
+        ort_gemm.open_library()
 
     def _add_constant(self, name: str, value: np.ndarray) -> str:
         """A constant the unit's own steps read (a weight laid out for MLAS), as ``name``."""
@@ -203,8 +220,30 @@ class PlanModule(torch.nn.Module):
                  nodes[name].outputs)
 
         # a kernel's values are channels-last at channels-last boundaries, or where the plan stores them so
-        return [[step(n, self._channels_last or k.layout == CHANNELS_LAST) for n in k.nodes
-                 if n not in self._replaced or self._replaced[n]] for k in self._plan.kernels]
+        kernels = [[(n, step(n, self._channels_last or k.layout == CHANNELS_LAST)) for n in k.nodes
+                    if n not in self._replaced or self._replaced[n]] for k in self._plan.kernels]
+        if not self._block:
+            return [[s for _, s in kernel] for kernel in kernels]
+        # elementwise steps over values stored blocked compute blocked (in plan order: what they read is stored so)
+        stored_blocked, steps = set(), []
+        for kernel in kernels:
+            steps.append([])
+            for name, s in kernel:
+                if not s[2][0].endswith(nchwc.BLOCKED):
+                    s = nchwc.blocked_step(graph, nodes[name], s, stored_blocked, self._block) or s
+                stored_blocked.update(out.removesuffix(nchwc.BLOCKED) for out in s[2] if out.endswith(nchwc.BLOCKED))
+                steps[-1].append(s)
+        return steps
+
+    def _value(self, graph: Graph, env: dict, name: str) -> torch.Tensor:
+        """``env[name]``, or a value there in the other layout: a blocked one (``nchwc.BLOCKED`` suffix)
+        converted from the plain one, kept for later readers; a plain one a view of the blocked one."""
+        if name in env:
+            return env[name]
+        if name.endswith(nchwc.BLOCKED):
+            env[name] = nchwc.to_blocked(self._value(graph, env, name.removesuffix(nchwc.BLOCKED)), self._block)
+            return env[name]
+        return nchwc.from_blocked(env[name + nchwc.BLOCKED], graph.tensors[name].shape[1])
 
     def _constants(self, graph: Graph) -> dict[str, torch.Tensor]:
         env = {name: getattr(self, attr) for name, attr in self._constant_attr.items()}
@@ -228,10 +267,10 @@ class PlanModule(torch.nn.Module):
         for i, kernel_steps in enumerate(steps):
             with torch.fx.traceback.annotate({TAG: i, LAYOUT: self._plan.kernels[i].layout}):
                 for fn, ins, outs in kernel_steps:
-                    env.update(zip(outs, fn(*[env[n] if n else None for n in ins])))
+                    env.update(zip(outs, fn(*[self._value(graph, env, n) if n else None for n in ins])))
         # a graph output may be an input or a constant: outputs are fresh tensors the caller owns
-        return tuple(env[n] if n not in self._constant_attr and n not in self._inputs else env[n].clone()
-                     for n in self._outputs)
+        return tuple(self._value(graph, env, n) if n not in self._constant_attr and n not in self._inputs
+                     else env[n].clone() for n in self._outputs)
 
 
 def example_inputs(graph: Graph, device: str) -> tuple[torch.Tensor, ...]:
@@ -293,7 +332,7 @@ def plan_module(graph: Graph, plan: Plan, device: str, variant: Variant, sizes=N
     7x7 ones of NCHW-planned kernels 3.5x their oneDNN time, which the plan had priced."""
     return PlanModule(graph, plan, device, variant.ort_kernels, sizes,
                       variant.channels_last_boundaries and not variant.planned_layouts, variant.pointwise_products,
-                      variant.ort_within, variant.mkl_products).eval()
+                      variant.ort_within, variant.mkl_products, variant.nchwc).eval()
 
 
 def own_variants(graph: Graph, plan: Plan) -> dict[str, Variant]:
@@ -316,8 +355,11 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     convolutions then has the fastest also compiled with NCHW values between its kernels, and the two take turns
     again; ``config.unit_boundaries`` ("nchw", "channels-last") instead fixes that layout for every variant, and a
     plan that chose each value's layout (``plan.stats["layouts"] == "chosen"``) has every variant store them as
-    planned. A graph with 1x1 convolutions last has the fastest compiled with the library's convolutions for all
-    of them instead of products (but where the plan measured the library's), and the two take turns.
+    planned. A graph with 1x1 convolutions then has the fastest compiled with the library's convolutions for all
+    of them instead of products (but where the plan measured the library's), and the two take turns. A graph
+    with convolutions ONNX Runtime's blocked layout takes (``nchwc.eligible``) last has the fastest compiled with
+    them so, its values blocked between them (``Variant.nchwc``), and the two take turns
+    (``config.blocked_convolutions`` "always" keeps it untimed, "never" compiles none).
     ``compiled[name]()``: an own variant's package compiled elsewhere (``unit_workers``)."""
     from korch import config
 
@@ -375,11 +417,22 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         label = f"pointwise convolutions {PLANNED if as_planned else 'as products'}"
         if challenge(best, by_library, {"pointwise_products": False}, label):
             best, choice["pointwise convolutions"] = by_library, "library"
+    blocking = config.checked_choice(config.blocked_convolutions, config.BLOCKED_CONVOLUTIONS,
+                                     "blocked-convolutions choice")
+    if blocking != "never" and any(nchwc.eligible(graph, node) for node in graph.nodes):
+        choice[BLOCKED_CONVOLUTIONS] = "no"
+        blocked = f"{best}, {BLOCKED_CONVOLUTIONS}"
+        if blocking == "always":
+            add(blocked, dataclasses.replace(built[best].variant, nchwc=True))
+            if blocked in built:
+                best, choice[BLOCKED_CONVOLUTIONS] = blocked, "yes"
+        elif challenge(best, blocked, {"nchwc": True}, f"no {BLOCKED_CONVOLUTIONS}"):
+            best, choice[BLOCKED_CONVOLUTIONS] = blocked, "yes"
     choice["variant"] = best  # what the unit runs: the weights' variant as the challenges above changed it
     choice["measured_ms"] = {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}
     if errors:  # recorded, so that a variant that never compiles is seen (the manifest, report.md)
         choice["failed"] = {n: one_line(e, 200) for n, e in errors.items()}
-    if built[best].variant.ort_kernels:
+    if built[best].variant.ort_kernels or built[best].variant.nchwc:
         choice["libraries"] = [ort_gemm.LIBRARY_FILE]
     return built[best].data, choice
 
@@ -439,7 +492,8 @@ def chosen_variant(choice: dict) -> Variant:
     return dataclasses.replace(VARIANTS[choice["weights"]], **by_mlas,
                                channels_last_boundaries=choice.get("boundaries") != "NCHW",
                                planned_layouts=choice.get("boundaries") == PLANNED,
-                               pointwise_products=choice.get("pointwise convolutions") != "library")
+                               pointwise_products=choice.get("pointwise convolutions") != "library",
+                               nchwc=choice.get(BLOCKED_CONVOLUTIONS) == "yes")
 
 
 def _fastest_seconds(units: dict, inputs, device: str) -> dict[str, float]:
@@ -477,7 +531,8 @@ def check_compatible(recorded: dict, where: str) -> None:
             raise KorchError(f"{where}: its compiled unit was built for {what} {recorded.get(key)}, this machine "
                              f"has {here[key]}: run korch optimize again here")
     calls_ort = recorded.get("weights") == _EARLIER_ORT_VARIANT or (
-        recorded.get("weights") in VARIANTS and chosen_variant(recorded).ort_kernels)
+        recorded.get("weights") in VARIANTS and (chosen_variant(recorded).ort_kernels or
+                                                 chosen_variant(recorded).nchwc))
     if calls_ort and not recorded.get("libraries"):
         # units of korch before 2026-11-24 called a Python operator (korch::ort_matmul) that is gone
         raise KorchError(f"{where}: its compiled unit calls an ONNX Runtime GEMM operator of an earlier korch: "

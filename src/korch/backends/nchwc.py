@@ -1,0 +1,318 @@
+"""ONNX Runtime's blocked-layout convolutions in a compiled unit: values kept in MLAS's NCHWc layout between kernels.
+
+ONNX Runtime runs a convolution network with its values in a blocked layout: a (N, C, H, W) value stored as
+(N, C/B, H, W, B), its channels padded to MLAS's block B (16 with AVX-512, 8 with AVX2), so that its
+convolutions read and write B channels of a pixel as one vector. On blocked values they beat oneDNN's
+channels-last ones 1.5-2x on depthwise convolutions and up to 1.6x on 1x1 ones, and lose it all when they
+reorder in and out at every call (``benchmarks/ort_nchwc_direct.py``). So here they pay only as a layout kept:
+
+* ``replacements`` gives every 2-D float32 convolution by a constant weight a step calling
+  ``korch_ort::nchwc_conv`` (``ort_gemm_op.cpp``: one-node ``com.microsoft.nchwc`` sessions, the output
+  blocks split over torch's threads), with the per-channel bias and the ReLU or clip that follow it in its kernel
+  inside the call (as ONNX Runtime fuses them);
+* an elementwise primitive whose full-size inputs are stored blocked computes on the blocked arrays and stores
+  its output blocked (a residual sum, a SiLU, a squeeze-and-excitation scale: Inductor's loops read and write
+  the 5-D arrays contiguously), its per-channel operands blocked too;
+* any other reader sees a blocked value through ``from_blocked`` (a view Inductor's loops index), and a
+  convolution reading a value not stored blocked converts it with ``to_blocked`` in its own kernel.
+
+A blocked value's name in a unit's steps is its name with ``BLOCKED`` appended. The padded channels hold
+finite values (the padded weights and biases are zeros), which a convolution multiplies by zero weights: an
+elementwise step over padded channels is blocked only where it keeps finite values finite (no division).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Collection, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from korch.backends import ort_gemm
+from korch.ir.graph import Graph, Node
+from korch.ir.ops import ELEMENTWISE, Op
+
+BLOCKED = "#nchwc"
+NCHWC_DOMAIN = "com.microsoft.nchwc"
+# elementwise operations that keep finite values finite: over padded channels a blocked step must (a convolution
+# multiplies the padded channels by zero weights, and 0 * inf is NaN)
+_FINITE = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN, Op.NEG, Op.ABS, Op.RELU, Op.SIGMOID, Op.TANH, Op.ERF})
+# activation inside the convolution: kinds of korch_ort::nchwc_conv's activation list (its first number)
+RELU, CLIP = 1.0, 2.0
+
+Step = tuple[Callable, tuple[str, ...], tuple[str, ...]]
+
+
+@functools.cache
+def block() -> int:
+    """MLAS's channel block on this CPU: the channels ONNX Runtime's ``ReorderInput`` pads four to (it takes
+    multiples of 4)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("ReorderInput", ["x"], ["y"], domain=NCHWC_DOMAIN)], "block",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 1, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(NCHWC_DOMAIN, 1)],
+                              ir_version=8)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return int(session.run(None, {"x": np.zeros((1, 4, 1, 1), np.float32)})[0].shape[1])
+
+
+def padded(channels: int, size: int) -> int:
+    return -(-channels // size) * size
+
+
+def to_blocked(x: torch.Tensor, size: int) -> torch.Tensor:
+    """A (N, C, H, W) value (fewer axes: leading ones added) as (N, C/size, H, W, size), channels zero-padded."""
+    if x.dim() < 4:
+        x = x.reshape((1,) * (4 - x.dim()) + tuple(x.shape))
+    n, c, h, w = x.shape
+    if padded(c, size) != c:
+        x = F.pad(x, (0, 0, 0, 0, 0, padded(c, size) - c))
+    return x.reshape(n, -1, size, h, w).permute(0, 1, 3, 4, 2).contiguous()
+
+
+def from_blocked(x: torch.Tensor, channels: int) -> torch.Tensor:
+    """The (N, channels, H, W) value a blocked array holds (a view where torch can make one)."""
+    n, blocks, h, w, size = x.shape
+    return x.permute(0, 1, 4, 2, 3).reshape(n, blocks * size, h, w)[:, :channels]
+
+
+def _is_depthwise(weight: np.ndarray, group: int) -> bool:
+    return group > 1 and weight.shape[1] == 1 and weight.shape[0] == group
+
+
+def eligible(graph: Graph, node: Node) -> bool:
+    """A float32 2-D CONV of an activation by a constant weight, of one group or depthwise (one input and one
+    output channel a group)."""
+    if node.op is not Op.CONV or len(node.inputs) != 2 or node.inputs[0] in graph.constants:
+        return False
+    weight = graph.constants.get(node.inputs[1])
+    if weight is None or weight.ndim != 4 or weight.dtype != np.float32 or \
+            graph.tensor(node.inputs[0]).dtype != "float32":
+        return False
+    group = node.attrs["group"]
+    return group == 1 or _is_depthwise(weight, group)
+
+
+def reads_unblocked(graph: Graph, node: Node, size: int) -> bool:
+    """Whether ``node``'s convolution reads its input NCHW, unblocked: MLAS's form for fewer input channels than
+    a block in one group (a network's first convolution, of 3 colour channels)."""
+    return node.attrs["group"] == 1 and graph.tensor(node.inputs[0]).shape[1] < size
+
+
+def blocked_weight(weight: np.ndarray, group: int, size: int, unblocked_input: bool) -> np.ndarray:
+    """``weight`` (O, I, kh, kw) padded to blocks and in the order nchwc.Conv reads: OIHWBo (output channels
+    innermost) for depthwise ones and those reading an unblocked input, else OIHWBiBo."""
+    o, i, kh, kw = weight.shape
+    po = padded(o, size)
+    if _is_depthwise(weight, group) or unblocked_input:
+        w = np.zeros((po, i, kh, kw), np.float32)
+        w[:o] = weight
+        return w.reshape(po // size, size, i, kh, kw).transpose(0, 2, 3, 4, 1).reshape(po, i, kh, kw).copy()
+    pi = padded(i, size)
+    w = np.zeros((po, pi, kh, kw), np.float32)
+    w[:o, :i] = weight
+    return w.reshape(po // size, size, pi // size, size, kh, kw).transpose(0, 2, 4, 5, 3, 1) \
+        .reshape(po, pi, kh, kw).copy()
+
+
+# korch_ort::nchwc_conv's spec: block, kernel (2), strides (2), pads (top, left, bottom, right), dilations (2),
+# group, output channels
+def spec(graph: Graph, node: Node, size: int) -> list[int]:
+    a = node.attrs
+    weight = graph.constants[node.inputs[1]]
+    return [size, *weight.shape[2:], *a["strides"], *a["pads"], *a["dilations"], a["group"], weight.shape[0]]
+
+
+def _model_bytes(w: torch.Tensor, b: torch.Tensor, sum: bool, spec: Sequence[int], activation: Sequence[float],
+                 first: int, last: int) -> torch.Tensor:
+    """The one-node nchwc.Conv model of output blocks [first, last) of a convolution (what
+    ``korch_ort::nchwc_conv`` opens a session on per part): input x (and with ``sum`` b, added before the
+    activation), output y, the blocked weight and padded bias its initializers, the activation inside."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    size, kernel, strides, pads, dilations, group = spec[0], spec[1:3], spec[3:5], spec[5:9], spec[9:11], spec[11]
+    weight = w.detach().cpu().numpy()
+    unblocked = group == 1 and weight.shape[1] < size
+    full = blocked_weight(weight, group, size, unblocked)
+    bias = np.zeros(full.shape[0], np.float32)
+    bias[:weight.shape[0]] = b.detach().cpu().numpy().reshape(-1)
+    part = slice(first * size, last * size)
+    attrs = {"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads),
+             "dilations": list(dilations), "group": (last - first) * size if group > 1 else 1}
+    if activation and activation[0] == RELU:
+        attrs["activation"] = "Relu"
+    elif activation and activation[0] == CLIP:
+        attrs.update(activation="Clip", activation_params=[float(activation[1]), float(activation[2])])
+    inputs = ["x", "b"] if sum else ["x"]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "weight", "bias", *inputs[1:]], ["y"], domain=NCHWC_DOMAIN, **attrs)],
+        "korch_nchwc_conv", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, None, None, None]) for n in inputs],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, None, None])],
+        [numpy_helper.from_array(np.ascontiguousarray(full[part]), "weight"),
+         numpy_helper.from_array(np.ascontiguousarray(bias[part]), "bias")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(NCHWC_DOMAIN, 1)],
+                              ir_version=8)
+    return ort_gemm._serialized(model)
+
+
+_LIBRARY = torch.library.Library("korch", "FRAGMENT")
+_LIBRARY.define("ort_nchwc_model(Tensor w, Tensor b, bool sum, int[] spec, float[] activation, int first, int last) "
+                "-> Tensor")
+_LIBRARY.impl("ort_nchwc_model", _model_bytes, "CompositeExplicitAutograd")
+
+
+def output_size(x: torch.Tensor, spec: Sequence[int]) -> tuple[int, int]:
+    kernel, strides, pads, dilations = spec[1:3], spec[3:5], spec[5:9], spec[9:11]
+    return tuple((x.shape[2 + i] + pads[i] + pads[i + 2] - dilations[i] * (kernel[i] - 1) - 1) // strides[i] + 1
+                 for i in range(2))
+
+
+def fake_conv(x, w, b, sum, spec, activation, unit, slot):
+    """``korch_ort::nchwc_conv``'s output, for tracing."""
+    size = spec[0]
+    return x.new_empty(x.shape[0], padded(spec[12], size) // size, *output_size(x, spec), size)
+
+
+def conv_function(unit: int, slot: int, spec: Sequence[int], activation: Sequence[float]):
+    """The step of a convolution: its input (blocked, or NCHW where ``reads_unblocked``), weight, bias and a
+    blocked residual to add (or None) in, its output blocked out."""
+    spec, activation = list(spec), list(activation)
+
+    def run(x, w, b, residual=None):
+        return [ort_gemm.ops().nchwc_conv(x, w, b, residual, spec, activation, unit, slot)]
+    return run
+
+
+class _Fused:
+    """The primitives after a convolution that its call computes: a per-channel bias, a residual sum (a value of
+    the output's shape computed before the convolution, ``earlier``), then a ReLU or a clip."""
+
+    def __init__(self, graph: Graph, conv: Node, kernel: Collection[str], consumers: Mapping[str, list[Node]],
+                 earlier: Callable[[str], bool]):
+        self.nodes: list[Node] = []
+        self.bias: str | None = None
+        self.residual: str | None = None
+        self.activation: list[float] = []
+        channels = graph.constants[conv.inputs[1]].shape[0]
+        node = self._next(graph, conv, kernel, consumers)
+        other = self._other_input(node, conv.output)
+        value = graph.constants.get(other)
+        if value is not None and value.dtype == np.float32 and value.size == channels and \
+                _per_channel_shape(value.shape, channels):
+            self.nodes.append(node)
+            self.bias = other
+            node = self._next(graph, node, kernel, consumers)
+        other = self._other_input(node, self.nodes[-1].output if self.nodes else conv.output)
+        if other and other not in graph.constants and earlier(other) and \
+                graph.tensor(other).shape == graph.tensor(conv.output).shape and graph.tensor(other).dtype == "float32":
+            self.nodes.append(node)
+            self.residual = other
+            node = self._next(graph, node, kernel, consumers)
+        if node is not None and node.op is Op.RELU:
+            self.nodes.append(node)
+            self.activation = [RELU]
+            return
+        low = self._scalar_operand(graph, node, Op.MAX)
+        after = self._next(graph, node, kernel, consumers) if low is not None else None
+        high = self._scalar_operand(graph, after, Op.MIN)
+        if low is not None and high is not None:
+            self.nodes += [node, after]
+            self.activation = [CLIP, low, high]
+
+    @staticmethod
+    def _other_input(node: Node | None, value: str) -> str | None:
+        """The input of a two-input ADD ``node`` besides ``value``, else None."""
+        if node is None or node.op is not Op.ADD or len(node.inputs) != 2 or node.inputs.count(value) != 1:
+            return None
+        return next(t for t in node.inputs if t != value)
+
+    @staticmethod
+    def _next(graph: Graph, node: Node | None, kernel: Collection[str], consumers) -> Node | None:
+        """The one reader of ``node``'s output, in the same kernel, where nothing else reads it."""
+        if node is None or node.output in graph.outputs:
+            return None
+        readers = consumers.get(node.output, ())
+        return readers[0] if len(readers) == 1 and readers[0].name in kernel else None
+
+    @staticmethod
+    def _scalar_operand(graph: Graph, node: Node | None, op: Op) -> float | None:
+        if node is None or node.op is not op or len(node.inputs) != 2:
+            return None
+        value = next((graph.constants.get(t) for t in node.inputs if t in graph.constants), None)
+        return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
+
+    @property
+    def output(self) -> str | None:
+        return self.nodes[-1].output if self.nodes else None
+
+
+def _per_channel_shape(shape: Sequence[int], channels: int) -> bool:
+    """Whether a value of ``shape`` broadcasts over a (N, channels, H, W) one channel by channel or as one."""
+    shape = (1,) * (4 - len(shape)) + tuple(shape)
+    return len(shape) == 4 and shape[0] == 1 and shape[1] in (1, channels) and shape[2:] == (1, 1)
+
+
+def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
+                 add_constant: Callable[[str, np.ndarray], str], size: int | None = None) -> dict[str, Step | None]:
+    """The blocked convolutions of ``graph``, whose planned ``kernels`` (primitive names, in order) are given:
+    each eligible CONV's step, and None for the primitives its call computes. ``add_constant`` adds a zero bias
+    where a convolution has none."""
+    size = size or block()
+    consumers = graph.consumers()
+    producer = {t: node.name for node in graph.nodes for t in node.outputs}
+    order = {name: i for i, name in enumerate(name for kernel in kernels for name in kernel)}
+    slots = itertools.count()
+    replaced: dict[str, Step | None] = {}
+    for kernel in kernels:
+        names = set(kernel)
+        for node in (n for n in graph.nodes if n.name in names and eligible(graph, n)):
+            def earlier(value: str, at: int = order[node.name]) -> bool:
+                return value not in producer or order[producer[value]] < at
+            fused = _Fused(graph, node, names, consumers, earlier)
+            bias = fused.bias or add_constant(f"{node.name}/bias",
+                                              np.zeros(graph.constants[node.inputs[1]].shape[0], np.float32))
+            x = node.inputs[0] if reads_unblocked(graph, node, size) else node.inputs[0] + BLOCKED
+            inputs = (x, node.inputs[1], bias) + ((fused.residual + BLOCKED,) if fused.residual else ())
+            function = conv_function(token, next(slots), spec(graph, node, size), fused.activation)
+            replaced[node.name] = (function, inputs, ((fused.output or node.output) + BLOCKED,))
+            replaced.update(dict.fromkeys(n.name for n in fused.nodes))
+    return replaced
+
+
+def blocked_step(graph: Graph, node: Node, step: Step, blocked: Collection[str], size: int) -> Step | None:
+    """``step`` (computing elementwise ``node``) on blocked arrays, where every full-size input of it is stored
+    blocked (``blocked``: the names of such values) and its other inputs broadcast by channel, else None."""
+    if node.op not in ELEMENTWISE or len(step[2]) != 1:
+        return None
+    out = graph.tensor(step[2][0])
+    if out.rank != 4 or out.dtype != "float32" or not all(isinstance(d, int) for d in out.shape):
+        return None
+    if out.shape[1] % size and node.op not in _FINITE and not getattr(step[0], "finite", False):
+        return None
+    inputs, full = [], False
+    for name in step[1]:
+        if not name:
+            return None
+        t = graph.tensor(name)
+        if t.dtype != "float32":
+            return None
+        if tuple(t.shape) == tuple(out.shape):
+            if name not in blocked:
+                return None
+            inputs.append(name + BLOCKED)
+            full = True
+        elif t.numel == 1:
+            inputs.append(name)
+        elif _per_channel_shape(t.shape, out.shape[1]):
+            inputs.append(name + BLOCKED)
+        else:
+            return None
+    return (step[0], tuple(inputs), (step[2][0] + BLOCKED,)) if full else None

@@ -8,8 +8,8 @@ reorder in and out at every call (``benchmarks/ort_nchwc_direct.py``). So here t
 
 * ``replacements`` gives every 2-D float32 convolution by a constant weight a step calling
   ``korch_ort::nchwc_conv`` (``ort_gemm_op.cpp``: one-node ``com.microsoft.nchwc`` sessions, the output
-  blocks split over torch's threads), with the per-channel bias and the ReLU or clip that follow it in its kernel
-  inside the call (as ONNX Runtime fuses them);
+  blocks split over torch's threads), with the per-channel bias, a residual sum and the ReLU or clip that
+  follow it in its kernel inside the call (as ONNX Runtime fuses them);
 * an elementwise primitive whose full-size inputs are stored blocked computes on the blocked arrays and stores
   its output blocked (a residual sum, a SiLU, a squeeze-and-excitation scale: Inductor's loops read and write
   the 5-D arrays contiguously), its per-channel operands blocked too;
@@ -295,7 +295,7 @@ def blocked_step(graph: Graph, node: Node, step: Step, blocked: Collection[str],
     out = graph.tensor(step[2][0])
     if out.rank != 4 or out.dtype != "float32" or not all(isinstance(d, int) for d in out.shape):
         return None
-    if out.shape[1] % size and node.op not in _FINITE and not getattr(step[0], "finite", False):
+    if out.shape[1] % size and node.op not in _FINITE:
         return None
     inputs, full = [], False
     for name in step[1]:

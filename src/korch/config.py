@@ -111,6 +111,11 @@ def checked_unit_boundaries(value: str) -> str:
     """``value`` if it is one of ``UNIT_BOUNDARIES``, else a one-line error."""
     return checked_choice(value, UNIT_BOUNDARIES, "unit boundary layout")
 
+
+def checked_blocked_convolutions(value: str) -> str:
+    """``value`` if it is one of ``BLOCKED_CONVOLUTIONS``, else a one-line error."""
+    return checked_choice(value, BLOCKED_CONVOLUTIONS, "blocked-convolutions choice")
+
 # Whether a measured plan for a CPU chooses each value's layout with its kernels (orchestrate/layouts.py): every
 # candidate that reads or writes a 4-D activation is measured channels-last too, and the compiled unit stores
 # each value as planned; `--no-layouts` (or KORCH_LAYOUTS=0) plans contiguous values only.

@@ -125,8 +125,7 @@ def optimize(model, *, output: str | os.PathLike | None = None, target: str | No
         raise KorchError(f"--tolerance is a relative norm between 0 and 1, got {tolerance:g}")
     check = _Check(tolerance, dict(check_inputs) if check_inputs is not None else None, input_values)
     boundaries = config.checked_unit_boundaries(unit_boundaries or config.unit_boundaries)
-    blocked = config.checked_choice(blocked_convolutions or config.blocked_convolutions,
-                                    config.BLOCKED_CONVOLUTIONS, "blocked-convolutions choice")
+    blocked = config.checked_blocked_convolutions(blocked_convolutions or config.blocked_convolutions)
     if measure_ahead is not None and measure_ahead < 0:
         raise KorchError(f"--measure-ahead is a number of candidate kernels, 0 or more, got {measure_ahead}")
     with policies.use(policy), config.patch(cuda_graph=config.cuda_graph if cuda_graph is None else cuda_graph,

@@ -102,9 +102,14 @@ def eligible(graph: Graph, node: Node) -> bool:
 
 
 def reads_unblocked(graph: Graph, node: Node, size: int) -> bool:
-    """Whether ``node``'s convolution reads its input NCHW, unblocked: MLAS's form for fewer input channels than
-    a block in one group (a network's first convolution, of 3 colour channels)."""
-    return node.attrs["group"] == 1 and graph.tensor(node.inputs[0]).shape[1] < size
+    """Whether ``node``'s convolution reads its input NCHW, unblocked (``_unblocked_input``)."""
+    return _unblocked_input(graph.tensor(node.inputs[0]).shape[1], node.attrs["group"], size)
+
+
+def _unblocked_input(channels: int, group: int, size: int) -> bool:
+    """MLAS's form for fewer input channels than a block in one group (a network's first convolution, of 3
+    colour channels): its input NCHW, unblocked."""
+    return group == 1 and channels < size
 
 
 def blocked_weight(weight: np.ndarray, group: int, size: int, unblocked_input: bool) -> np.ndarray:
@@ -140,8 +145,7 @@ def _model_bytes(w: torch.Tensor, b: torch.Tensor, sum: bool, spec: Sequence[int
 
     size, kernel, strides, pads, dilations, group = spec[0], spec[1:3], spec[3:5], spec[5:9], spec[9:11], spec[11]
     weight = w.detach().cpu().numpy()
-    unblocked = group == 1 and weight.shape[1] < size
-    full = blocked_weight(weight, group, size, unblocked)
+    full = blocked_weight(weight, group, size, _unblocked_input(weight.shape[1], group, size))
     bias = np.zeros(full.shape[0], np.float32)
     bias[:weight.shape[0]] = b.detach().cpu().numpy().reshape(-1)
     part = slice(first * size, last * size)
@@ -267,13 +271,14 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
     where a convolution has none."""
     size = size or block()
     consumers = graph.consumers()
+    nodes = {node.name: node for node in graph.nodes}
     producer = {t: node.name for node in graph.nodes for t in node.outputs}
     order = {name: i for i, name in enumerate(name for kernel in kernels for name in kernel)}
     slots = itertools.count()
     replaced: dict[str, Step | None] = {}
     for kernel in kernels:
         names = set(kernel)
-        for node in (n for n in graph.nodes if n.name in names and eligible(graph, n)):
+        for node in (nodes[name] for name in kernel if eligible(graph, nodes[name])):
             def earlier(value: str, at: int = order[node.name]) -> bool:
                 return value not in producer or order[producer[value]] < at
             fused = _Fused(graph, node, names, consumers, earlier)

@@ -169,8 +169,10 @@ def open_library(path: Path | None = None) -> None:
              "batched_matmul": lambda a, b, unit, slot: a.new_empty(*a.shape[:-1], b.shape[-1]),
              "softmax": lambda x, unit, slot: x.new_empty(x.shape),
              "mkl_matmul": lambda x, w, unit, slot: x.new_empty(*x.shape[:-1], w.shape[1])}
-    from korch.backends import nchwc  # (it builds on this module) defines korch::ort_nchwc_model, which the
-    fakes["nchwc_conv"] = nchwc.fake_conv  # blocked convolutions open their sessions from
+    # imported here, since it builds on this module; importing it also defines korch::ort_nchwc_model, the
+    # models the blocked convolutions open their sessions on
+    from korch.backends import nchwc
+    fakes["nchwc_conv"] = nchwc.fake_conv
     for name, fake in fakes.items():
         if hasattr(ops(namespace), name):  # an executable of an earlier korch carries fewer operators
             torch.library.register_fake(f"{namespace}::{name}", fake)

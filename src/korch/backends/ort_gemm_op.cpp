@@ -469,6 +469,12 @@ at::Tensor softmax(const at::Tensor& x, int64_t unit, int64_t slot) {
 enum Spec : int { kBlock = 0, kKernel = 1, kStride = 3, kPads = 5, kDilation = 9, kGroup = 11, kOutChannels = 12,
                   kSpecLength = 13 };
 
+// the output's size along spatial axis ``axis`` (0: rows, 1: columns) for an input of ``in``
+int64_t output_size(int64_t in, at::IntArrayRef spec, int axis) {
+  return (in + spec[kPads + axis] + spec[kPads + 2 + axis] - spec[kDilation + axis] * (spec[kKernel + axis] - 1) - 1) /
+             spec[kStride + axis] + 1;
+}
+
 const NchwcConv& nchwc_for(const at::Tensor& w, const at::Tensor& b, bool sum, at::IntArrayRef spec,
                            at::ArrayRef<double> activation, int64_t unit, int64_t slot) {
   std::lock_guard<std::mutex> guard(lock);
@@ -482,10 +488,10 @@ const NchwcConv& nchwc_for(const at::Tensor& w, const at::Tensor& b, bool sum, a
                                                  at::ArrayRef<double>, int64_t, int64_t)>();
     const int64_t block = spec[kBlock], out_blocks = (spec[kOutChannels] + block - 1) / block;
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), out_blocks));
-    NchwcConv conv{{}, out_blocks};
+    NchwcConv conv{std::vector<OrtSession*>(parts), out_blocks};
     for (int64_t p = 0; p < parts; ++p) {
-      const int64_t first = out_blocks * p / parts, last = out_blocks * (p + 1) / parts;
-      conv.sessions.push_back(runtime->open(model_of.call(w, b, sum, spec, activation, first, last)));
+      conv.sessions[p] = runtime->open(model_of.call(w, b, sum, spec, activation, conv.first_block(p),
+                                                     conv.first_block(p + 1)));
     }
     found = nchwc_convs.emplace(std::make_pair(unit, slot), std::move(conv)).first;
   }
@@ -506,9 +512,7 @@ at::Tensor nchwc_conv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   const NchwcConv& conv = nchwc_for(w, b, sum.has_value(), spec, activation, unit, slot);
   const int64_t n = x.size(0), h = x.size(2), wd = x.size(3);
   const int64_t in_channels = x.dim() == 5 ? x.size(1) * block : x.size(1);
-  const int64_t ho = (h + spec[kPads] + spec[kPads + 2] - spec[kDilation] * (spec[kKernel] - 1) - 1) / spec[kStride] + 1;
-  const int64_t wo =
-      (wd + spec[kPads + 1] + spec[kPads + 3] - spec[kDilation + 1] * (spec[kKernel + 1] - 1) - 1) / spec[kStride + 1] + 1;
+  const int64_t ho = output_size(h, spec, 0), wo = output_size(wd, spec, 1);
   const bool depthwise = spec[kGroup] > 1;
   at::Tensor out = at::empty({n, conv.out_blocks, ho, wo, block}, x.options());
   float *x_data = input.data_ptr<float>(), *y_data = out.data_ptr<float>();

@@ -262,8 +262,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         label = f"pointwise convolutions {PLANNED if as_planned else 'as products'}"
         if challenge(best, by_library, {"pointwise_products": False}, label):
             best, choice["pointwise convolutions"] = by_library, "library"
-    blocking = config.checked_choice(config.blocked_convolutions, config.BLOCKED_CONVOLUTIONS,
-                                     "blocked-convolutions choice")
+    blocking = config.checked_blocked_convolutions(config.blocked_convolutions)
     if blocking != "never" and any(nchwc.eligible(graph, node) for node in graph.nodes):
         choice[BLOCKED_CONVOLUTIONS] = "no"
         blocked = f"{best}, {BLOCKED_CONVOLUTIONS}"

@@ -1,5 +1,7 @@
 """A plan's compiled-unit variants and ONNX Runtime, each timed in fresh processes taking turns: what a user of
 each variant would see, beside what ``choose_unit`` measured at build (all variants in the building process).
+A variant's name may end in ", blocked convolutions" or ", no blocked convolutions" (``backends/nchwc.py``);
+without, the manifest's choice holds.
 
 The OUTDIR's plan is compiled as each variant named (``unit.VARIANTS``: "packed for oneDNN", "MLAS by ONNX
 Runtime", ...; the manifest's chosen one when none is named), each in a process of its own; then every round
@@ -32,6 +34,10 @@ def _compile(outdir: str, variant: str, path: str) -> None:
     from korch.runtime import bundle, unit
 
     choice = json.loads((Path(outdir) / "manifest.json").read_text())["unit"]
+    # "NAME, blocked convolutions" / "NAME, no blocked convolutions": the variant with that choice made
+    for made, suffix in (("yes", f", {unit.BLOCKED_CONVOLUTIONS}"), ("no", f", no {unit.BLOCKED_CONVOLUTIONS}")):
+        if variant.endswith(suffix):
+            variant, choice[unit.BLOCKED_CONVOLUTIONS] = variant.removesuffix(suffix), made
     choice["weights"] = variant
     data = unit.compile_unit(bundle.read_graph(outdir), bundle.read_plan(outdir), "cpu", unit.chosen_variant(choice))
     Path(path).write_bytes(data)

@@ -163,6 +163,102 @@ def test_blocked_convolutions_and_mlas_products_share_a_unit():
     np.testing.assert_allclose(got[0].numpy(), run_model(model, {"x": x})["y"], rtol=1e-4, atol=1e-4)
 
 
+def _feature_pyramid(batch: int = 2) -> onnx.ModelProto:
+    """YOLO's kind of network between convolutions: an SPP max pool, a CSP concatenation of whole blocks, a
+    nearest 2x upsampling concatenated with a feature of its size (fission moves the convolution reading the
+    concatenation before the upsampling, in parts), a squeeze-and-excitation average over the image (a scale
+    per image and channel: the batch is 2), a slice of channels from a block boundary and a spatial one, and a
+    concatenation of 4 + 12 channels (not whole blocks of 8 or 16), which must stay unblocked."""
+    rng = np.random.default_rng(3)
+    inits, nodes = {}, []
+
+    def node(op, inputs, output, **attrs):
+        nodes.append(helper.make_node(op, inputs, [output], **attrs))
+        return output
+
+    def conv(x, y, cin, cout, k=1, stride=1):
+        inits[y + "_w"] = (rng.standard_normal((cout, cin, k, k)) * 0.3).astype(np.float32)
+        c = node("Conv", [x, y + "_w"], y + "_c", pads=[k // 2] * 4, strides=[stride] * 2)
+        return node("Mul", [c, node("Sigmoid", [c], y + "_s")], y)  # SiLU
+
+    def const(name, value):
+        inits[name] = np.asarray(value)
+        return name
+
+    high = conv(conv("x", "stem", 3, 16, 3, 2), "high", 16, 32)  # 16x16
+    low = conv(high, "down", 32, 32, 3, 2)  # 8x8
+    a, b = conv(low, "csp1", 32, 16), conv(low, "csp2", 32, 16)
+    pooled = node("MaxPool", [b], "pool", kernel_shape=[5, 5], pads=[2, 2, 2, 2])
+    csp = conv(node("Concat", [a, pooled], "csp", axis=1), "csp3", 32, 32)
+    up = node("Resize", [csp, "", const("scales", np.array([1, 1, 2, 2], np.float32))], "up", mode="nearest")
+    fused = conv(node("Concat", [up, high], "fpn", axis=1), "fuse", 64, 32)
+    se = conv(node("ReduceMean", [fused], "gap", axes=[2, 3], keepdims=1), "se", 32, 32)
+    scaled = node("Mul", [fused, se], "scaled")
+    part = node("Slice", [scaled, const("s0", np.array([16], np.int64)), const("s1", np.array([32], np.int64)),
+                          const("s2", np.array([1], np.int64))], "part")
+    crop = node("Slice", [part, const("c0", np.array([2, 2], np.int64)), const("c1", np.array([14, 14], np.int64)),
+                          const("c2", np.array([2, 3], np.int64))], "crop")
+    box, score = conv(crop, "box", 16, 4), conv(crop, "score", 16, 12)
+    node("Concat", [box, score], "y", axis=1)
+    graph = helper.make_graph(nodes, "feature_pyramid",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, (batch, 3, 32, 32))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (batch, 16, 12, 12))],
+                              [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_pools_concatenations_upsamplings_averages_and_slices_keep_values_blocked():
+    model = _feature_pyramid()
+    result = optimize(model, target="cpu", cost="roofline")
+    steps = _blocked_steps(result)
+    by_op = {}
+    for node in result.graph.nodes:
+        by_op.setdefault(node.op.name, []).append(node.output)
+    blocked = {op: [steps[name].endswith(nchwc.BLOCKED) for name in names] for op, names in by_op.items()
+               if op in ("MAX_POOL", "GATHER", "REDUCE_MEAN", "SLICE", "CONCAT")}
+    assert blocked["MAX_POOL"] == [True] * len(by_op["MAX_POOL"])  # one pool per axis (fission)
+    assert blocked["GATHER"] == [True, True]  # the upsampling (after the fuse convolution, which fission moves)
+    assert blocked["REDUCE_MEAN"] == [True]
+    assert blocked["SLICE"] == [True, True]
+    assert blocked["CONCAT"] == [True, False]  # the last, of 4 + 12 channels, is read through views
+    x = np.random.default_rng(5).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    got = unit.CompiledUnit.from_bytes(unit.compile_unit(result.graph, result.plan, "cpu", BLOCKED_VARIANT))(
+        torch.from_numpy(x))[0]
+    np.testing.assert_allclose(got.numpy(), run_model(model, {"x": x})["y"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel, strides, pads, dilations", [
+    ((3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),  # ResNet's, after its stem
+    ((5, 1), (1, 1), (2, 0, 2, 0), (1, 1)),  # SPP's 5x5, one axis at a time
+    ((3, 2), (1, 2), (0, 1, 2, 0), (2, 1)),  # uneven pads, dilated rows
+])
+def test_a_max_pool_of_a_blocked_array_over_its_taps_is_torchs(kernel, strides, pads, dilations):
+    x = torch.randn(2, 20, 11, 12)
+    padded = F.pad(x, (pads[1], pads[3], pads[0], pads[2]), value=float("-inf"))
+    expected = F.max_pool2d(padded, kernel, strides, dilation=dilations)
+    pool = nchwc._max_over_taps(kernel, strides, pads, dilations, expected.shape[2:])
+    got = nchwc.from_blocked(pool(nchwc.to_blocked(x, 16))[0], 20)
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("starts, steps, shape", [
+    ((0, 16, 0, 0), (1, 1, 1, 1), (2, 20, 9, 9)),  # channels from a block boundary, into the padded last block
+    ((0, 0, 1, 2), (1, 1, 2, 3), (2, 40, 4, 3)),  # rows and columns by steps, every channel
+    ((0, 32, 8, 0), (1, 1, 1, 1), (2, 8, 1, 9)),
+])
+def test_a_slice_of_a_blocked_array_holds_the_slice_of_the_value(starts, steps, shape):
+    x = torch.randn(2, 40, 9, 9)
+    key = nchwc._blocked_slice(x.shape, starts, steps, shape, 16)
+    expected = x[tuple(slice(b, b + s * (c - 1) + 1, s) for b, s, c in zip(starts, steps, shape))]
+    torch.testing.assert_close(nchwc.from_blocked(nchwc.to_blocked(x, 16)[key], shape[1]), expected)
+
+
+@pytest.mark.parametrize("starts, steps", [((0, 8, 0, 0), (1, 1, 1, 1)), ((0, 16, 0, 0), (1, 2, 1, 1)),
+                                           ((0, 0, 8, 0), (1, 1, -1, 1)), ((1, 0, 0, 0), (1, 1, 1, 1))])
+def test_a_slice_that_cuts_a_block_or_the_batch_or_steps_back_is_not_blocked(starts, steps):
+    assert nchwc._blocked_slice((2, 40, 9, 9), starts, steps, (1, 8, 1, 9), 16) is None
+
+
 def test_a_convolution_computes_its_bias_and_clip_inside_its_call():
     result = optimize(_inverted_residual(), target="cpu", cost="roofline")
     kernel_of = {n: i for i, k in enumerate(result.plan.kernels) for n in k.nodes}

@@ -13,6 +13,9 @@ reorder in and out at every call (``benchmarks/ort_nchwc_direct.py``). So here t
 * an elementwise primitive whose full-size inputs are stored blocked computes on the blocked arrays and stores
   its output blocked (a residual sum, a SiLU, a squeeze-and-excitation scale: Inductor's loops read and write
   the 5-D arrays contiguously), its per-channel operands blocked too;
+* a pool, a reduction over the image, a gather or slice along rows or columns, a concatenation of whole blocks
+  or a slice of channels from a block boundary whose input is stored blocked computes on the blocked arrays
+  (``_layout_step``: YOLO's SPP pools, CSP concatenations and upsamplings, squeeze-and-excitation averages);
 * any other reader sees a blocked value through ``from_blocked`` (a view Inductor's loops index), and a
   convolution reading a value not stored blocked converts it with ``to_blocked`` in its own kernel.
 
@@ -32,14 +35,18 @@ import torch
 import torch.nn.functional as F
 
 from korch.backends import ort_gemm
+from korch.backends.torch_ops import node_function
+from korch.ir import interpret
 from korch.ir.graph import Graph, Node
-from korch.ir.ops import ELEMENTWISE, Op
+from korch.ir.ops import ELEMENTWISE, WINDOW, Op
 
 BLOCKED = "#nchwc"
 NCHWC_DOMAIN = "com.microsoft.nchwc"
 # elementwise operations that keep finite values finite: over padded channels a blocked step must (a convolution
 # multiplies the padded channels by zero weights, and 0 * inf is NaN)
 _FINITE = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN, Op.NEG, Op.ABS, Op.RELU, Op.SIGMOID, Op.TANH, Op.ERF})
+# reductions over the image computed on blocked arrays (not a product: over padded channels it could overflow)
+_IMAGE_REDUCTIONS = frozenset({Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX, Op.REDUCE_MIN})
 # activation inside the convolution: kinds of korch_ort::nchwc_conv's activation list (its first number)
 RELU, CLIP = 1.0, 2.0
 
@@ -258,10 +265,11 @@ class _Fused:
         return self.nodes[-1].output if self.nodes else None
 
 
-def _per_channel_shape(shape: Sequence[int], channels: int) -> bool:
-    """Whether a value of ``shape`` broadcasts over a (N, channels, H, W) one channel by channel or as one."""
+def _per_channel_shape(shape: Sequence[int], channels: int, batch: int = 1) -> bool:
+    """Whether a value of ``shape`` broadcasts over a (batch, channels, H, W) one channel by channel or as one
+    (and, given the ``batch``, image by image: a squeeze-and-excitation scale)."""
     shape = (1,) * (4 - len(shape)) + tuple(shape)
-    return len(shape) == 4 and shape[0] == 1 and shape[1] in (1, channels) and shape[2:] == (1, 1)
+    return len(shape) == 4 and shape[0] in (1, batch) and shape[1] in (1, channels) and shape[2:] == (1, 1)
 
 
 def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
@@ -293,13 +301,23 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
 
 
 def blocked_step(graph: Graph, node: Node, step: Step, blocked: Collection[str], size: int) -> Step | None:
-    """``step`` (computing elementwise ``node``) on blocked arrays, where every full-size input of it is stored
-    blocked (``blocked``: the names of such values) and its other inputs broadcast by channel, else None."""
-    if node.op not in ELEMENTWISE or len(step[2]) != 1:
+    """``step`` (computing ``node``) on blocked arrays, where what it reads is stored blocked (``blocked``: the
+    names of such values), else None: an elementwise one (``_elementwise_step``), or a layout or window primitive
+    that keeps the layout (``_layout_step``)."""
+    if len(step[2]) != 1:
         return None
     out = graph.tensor(step[2][0])
     if out.rank != 4 or out.dtype != "float32" or not all(isinstance(d, int) for d in out.shape):
         return None
+    if node.op in ELEMENTWISE:
+        return _elementwise_step(graph, node, step, blocked, size)
+    return _layout_step(graph, node, blocked, size) if tuple(step[1]) == tuple(node.inputs) else None
+
+
+def _elementwise_step(graph: Graph, node: Node, step: Step, blocked: Collection[str], size: int) -> Step | None:
+    """An elementwise step whose every full-size input is stored blocked and whose other inputs broadcast by
+    channel, on the blocked arrays."""
+    out = graph.tensor(step[2][0])
     if out.shape[1] % size and node.op not in _FINITE:
         return None
     inputs, full = [], False
@@ -316,8 +334,87 @@ def blocked_step(graph: Graph, node: Node, step: Step, blocked: Collection[str],
             full = True
         elif t.numel == 1:
             inputs.append(name)
-        elif _per_channel_shape(t.shape, out.shape[1]):
+        elif _per_channel_shape(t.shape, out.shape[1], out.shape[0]):
             inputs.append(name + BLOCKED)
         else:
             return None
     return (step[0], tuple(inputs), (step[2][0] + BLOCKED,)) if full else None
+
+
+def _layout_step(graph: Graph, node: Node, blocked: Collection[str], size: int) -> Step | None:
+    """A primitive that keeps the blocked layout, on blocked arrays (all it reads of full size stored blocked):
+    one computing each channel from that channel alone over the image's rows and columns, which are the blocked
+    array's axes 2 and 3 as they are NCHW's (2-D pools, reductions over the image, gathers and slices along
+    rows or columns: YOLO's SPP pools and nearest upsampling, squeeze-and-excitation's average), or one joining
+    or cutting channels at block boundaries (a concatenation whose inputs but the last fill whole blocks: the
+    CSP blocks' and the feature pyramid's; a slice starting at one). A slice's or concatenation's channels past
+    the value's own in its last block are real channels of another value: finite, as padded ones must be."""
+    a, x, output = node.attrs, node.inputs[0], (node.output + BLOCKED,)
+    if node.op is Op.CONCAT:
+        axis = a["axis"] % 4
+        if axis == 0 or not all(t in blocked for t in node.inputs) or \
+                (axis == 1 and any(graph.tensor(t).shape[1] % size for t in node.inputs[:-1])):
+            return None
+        return _concat(axis), tuple(t + BLOCKED for t in node.inputs), output
+    if x not in blocked:
+        return None
+    if node.op is Op.MAX_POOL and len(a["kernel"]) == 2:
+        return _max_over_taps(a["kernel"], a["strides"], a["pads"], a["dilations"],
+                              graph.tensor(node.output).shape[2:]), (x + BLOCKED,), output
+    if node.op in WINDOW and len(a["kernel"]) == 2:
+        return _over_channel_planes(node_function(graph, node, "cpu")), (x + BLOCKED,), output
+    if node.op in _IMAGE_REDUCTIONS and a["keepdims"] and set(a["axes"]) <= {2, 3}:
+        return (lambda v: interpret.run_node(node, [v])), (x + BLOCKED,), output
+    if node.op is Op.GATHER and a["axis"] % 4 in (2, 3) and node.inputs[1] in graph.constants and \
+            graph.constants[node.inputs[1]].ndim == 1:
+        index = np.asarray(graph.constants[node.inputs[1]], np.int64) % graph.tensor(x).shape[a["axis"] % 4]
+        return _gather(a["axis"] % 4, torch.from_numpy(index)), (x + BLOCKED,), output
+    if node.op is Op.SLICE:
+        key = _blocked_slice(graph.tensor(x).shape, a["starts"], a["steps"], graph.tensor(node.output).shape, size)
+        return (None if key is None else ((lambda v: [v[key]]), (x + BLOCKED,), output))
+    return None
+
+
+def _concat(axis: int):
+    return lambda *xs: [torch.cat(xs, axis)]
+
+
+def _gather(axis: int, index: torch.Tensor):
+    return lambda v: [torch.index_select(v, axis, index)]
+
+
+def _max_over_taps(kernel: Sequence[int], strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int],
+                   size: Sequence[int]):
+    """A 2-D max pool of a blocked array as the maximum of its taps, each a strided slice of the array padded
+    with -inf: one loop over the output whose innermost axis is the block, which Inductor vectorizes (its own
+    pooling of the (N * C/B, B, H, W) view gathers and transposes tiles: ResNet's 3x3 pool of 64 channels at
+    112x112 took 0.33 ms on one thread so)."""
+    def run(v):
+        padded = F.pad(v, (0, 0, pads[1], pads[3], pads[0], pads[2]), value=float("-inf"))
+        taps = [padded[:, :, i * dilations[0]:i * dilations[0] + strides[0] * (size[0] - 1) + 1:strides[0],
+                       j * dilations[1]:j * dilations[1] + strides[1] * (size[1] - 1) + 1:strides[1]]
+                for i in range(kernel[0]) for j in range(kernel[1])]
+        return [functools.reduce(torch.maximum, taps)]
+    return run
+
+
+def _over_channel_planes(function: Callable):
+    """``function`` of (N, C, H, W) values, which computes each channel alone, on a blocked array: its blocks
+    as a batch of (N * C/B, B, H, W) (a view), the output back in the blocked order."""
+    def run(v):
+        n, blocks = v.shape[:2]
+        y = function(v.permute(0, 1, 4, 2, 3).flatten(0, 1))[0]
+        return [y.unflatten(0, (n, blocks)).permute(0, 1, 3, 4, 2).contiguous()]
+    return run
+
+
+def _blocked_slice(shape: Sequence[int], starts: Sequence[int], steps: Sequence[int], out: Sequence[int],
+                   size: int) -> tuple | None:
+    """The index of a SLICE on a blocked array: the batch whole, channels from a block's start by one, rows and
+    columns by positive steps; else None."""
+    if starts[0] != 0 or steps[0] != 1 or out[0] != shape[0] or starts[1] % size or steps[1] != 1 or \
+            min(steps[2:]) <= 0:
+        return None
+    channels = slice(starts[1] // size, -(-(starts[1] + out[1]) // size))
+    rows_and_columns = (slice(b, b + s * (c - 1) + 1, s) for b, s, c in zip(starts[2:], steps[2:], out[2:]))
+    return (slice(None), channels, *rows_and_columns)

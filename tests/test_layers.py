@@ -23,7 +23,8 @@ LAYERS = [
     {"korch.runtime"},
     {"korch.report"},
     {"korch", "korch.__main__", "korch.api", "korch.bench", "korch.cli", "korch.cli_inputs", "korch.cli_run",
-     "korch.dynamic", "korch.dbcheck", "korch.onnx2torch_opsets", "korch.pipeline", "korch.search_estimate"},
+     "korch.dynamic", "korch.dbcheck", "korch.onnx2torch_opsets", "korch.pipeline", "korch.plan_challenge",
+     "korch.search_estimate"},
 ]
 
 

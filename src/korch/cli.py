@@ -138,11 +138,12 @@ def cmd_optimize(args) -> int:
             layouts=False if args.no_layouts else None, measure_ahead=args.measure_ahead)
     out = args.output
     plan = result.plan
-    optimal = all(s.optimal for s in plan.segments)
+    challenge = plan.stats.get("plan challenge")
+    proof = ", the floors' plan (see below)" if challenge and challenge["kept"] == "floors'" else \
+        ", optimal" if all(s.optimal for s in plan.segments) else f", NOT proven optimal: gap {_gap(plan):.1%}"
     print(f"{plan.model}: {len(result.graph.nodes)} primitives, {result.candidates} candidate kernels, "
           f"{len(plan.segments)} segments -> {len(plan.kernels)} kernels, predicted "
-          f"{plan.predicted_latency_s * 1e3:.3f} ms on {plan.target} ({plan.cost_model}"
-          f"{', optimal' if optimal else f', NOT proven optimal: gap {_gap(plan):.1%}'}); "
+          f"{plan.predicted_latency_s * 1e3:.3f} ms on {plan.target} ({plan.cost_model}{proof}); "
           f"plan in {sum(plan.stats['stage_seconds'].values()):.1f} s")
     measurement = plan.stats.get("measurement")
     if measurement:
@@ -151,6 +152,10 @@ def cmd_optimize(args) -> int:
               f"{measurement['device']}); {len(measurement['failures'])} kernels failed and were dropped"
               + (f"; {measurement['in_place']['planned_kernels']} planned kernels priced in place"
                  if "in_place" in measurement else ""))
+    if challenge:
+        from korch.report.markdown import challenge_summary
+
+        print(challenge_summary(challenge))
     if result.executable is None:
         why = "as asked (--plan-only)" if args.plan_only else f"no {plan.target} device here"
         print(f"wrote {out / 'plan.json'}, {out / 'report.md'} and {out / 'report.html'}; "

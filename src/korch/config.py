@@ -82,6 +82,12 @@ launch_variants: int = int(os.environ.get("KORCH_LAUNCH_VARIANTS", "2"))
 # executable runs kernel by kernel; `--kernel-by-kernel` turns it off for one command.
 compiled_unit: bool = os.environ.get("KORCH_COMPILED_UNIT", "1") != "0"
 
+# A measured search that stops unproven (its time limit) has its plan's unit challenged by the unit of the plan
+# the floors alone choose (``pipeline.py``): the two take turns and the faster plan is kept. A search of
+# YOLOX-Nano's 9,632 signatures stops after measuring a tenth of them and takes the rest at their floors, and
+# its plan ran 9.4-9.7 ms where the floors' plan ran 8.2 (BENCHMARKS.md). Off: the measured plan as it is.
+plan_challenge: bool = os.environ.get("KORCH_PLAN_CHALLENGE", "1") != "0"
+
 # A process that loads a CPU unit or measures CPU kernels keeps the memory a call frees for the next call
 # (korch/heap.py: glibc's mmap off, as ONNX Runtime keeps an arena): EfficientViT's unit 1.83 -> 1.04 s a call.
 # Off: the heap as it is.

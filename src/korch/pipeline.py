@@ -22,6 +22,7 @@ from pathlib import Path
 
 import onnx
 
+from korch import plan_challenge
 from korch.errors import KorchError, one_line
 from korch.ir import Graph
 from korch.orchestrate.plan import Plan
@@ -54,6 +55,7 @@ class Optimized:
     reference: bytes                  # the model's ONNX bytes as given: what ONNX Runtime checks against
     executable: object | None = None  # runtime.executable.Executable
     manifest: dict | None = None
+    challenger: Plan | None = None    # the floors' plan an unproven measured plan's unit is timed against
 
 
 class CheckFailed(KorchError):
@@ -222,8 +224,7 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
                 "from_database": in_place.from_database,
                 "planned_kernels": sum(r.timed_in_place for r in segment_reports)}
             in_place.close()  # before the unit compiles: the kernels built here and their values are done with
-        _warn_if_disturbed(stats["measurement"])
-        _warn_if_below_floors(stats["measurement"])
+        _warn_about_timings(stats["measurement"])
     if layouts:
         stats["layouts"] = "chosen"
     plan = Plan(model=graph.name, target=device.name, cost_model=cost, kernels=tuple(kernels),
@@ -232,14 +233,17 @@ def _optimize(model, *, output, target: str, cost: str, db, jobs, input_shapes, 
                        rejected=dict(candidates.rejected), reference=reference)
     if output is None:
         return result
+    unit_asked = config.compiled_unit if compiled_unit is None else compiled_unit
+    if plan_challenge.wanted(cost, target, segment_reports) and present and unit_asked and not plan_only:
+        with stage("the floors' plan"):
+            result.challenger = plan_challenge.floors_plan(graph, target, device, max_kernel_nodes, cuts)
     if plan_only or not present:
         from korch.runtime.write import write_plan
 
         with stage("write"):
             write_plan(output, plan, reports(result, None))
         return result
-    return _build_check_write(result, target, device_for(target), Path(output), stage, progress,
-                              config.compiled_unit if compiled_unit is None else compiled_unit, check)
+    return _build_check_write(result, target, device_for(target), Path(output), stage, progress, unit_asked, check)
 
 
 # Seconds a time-limited search keeps for its rounds however long its products took alone
@@ -289,19 +293,16 @@ def _overflows_cache(graph, candidates, cache_bytes: int) -> bool:
     return cache_bytes > 0 and any(values(c) > cache_bytes for c in candidates)
 
 
-def _warn_if_disturbed(measurement: dict) -> None:
-    """Say so when kernel timings found other processes on the cores however often they were taken."""
-    if measurement["disturbed"]:
-        from korch import config
+def _warn_about_timings(measurement: dict) -> None:
+    """Say so when kernel timings found other processes on the cores however often they were taken, and when
+    kernels ran faster than their floors: the search priced them at the floor, and a floor that does not hold
+    weakens the proof of the plan's optimality."""
+    from korch import config
 
+    if measurement["disturbed"]:
         warnings.warn(f"{measurement['disturbed']} of {measurement['kernels_measured']} kernel timings found other "
                       f"processes on the CPU cores in each of {config.quiet_tries} tries: their latencies may read "
                       "slow, and the next search on this database measures them again", stacklevel=2)
-
-
-def _warn_if_below_floors(measurement: dict) -> None:
-    """Say so when kernels ran faster than their floors: the search priced them at the floor, and a floor that
-    does not hold weakens the proof of the plan's optimality."""
     if measurement["below_bound"]:
         warnings.warn(f"{measurement['below_bound']} kernel latencies came out below their floors and were priced "
                       "at them: `korch db check` names the kernels and their floors", stacklevel=2)
@@ -397,6 +398,8 @@ def _build_check_write(result: Optimized, target: str, device: str, output: Path
     if compiled_unit:
         with stage("compile unit"):
             unit, unit_note, unit_choice = _compile_unit(graph, plan, device)
+            if unit is not None and result.challenger is not None:  # the floors' plan, compiled as chosen here
+                unit, plan = plan_challenge.challenged(result, unit_choice, unit, device)
     # the kernels are built one by one only where there is no unit or it fails its check: a unit runs none of them
     steps = built_steps() if unit is None else unit_steps(graph, plan, target, device)
     assembled = assemble(graph, plan, steps, target=target, device=device, reference_model=result.reference,

@@ -27,7 +27,7 @@ from korch.ir.graph import Graph
 from korch.ir.ops import Kind, Op
 from korch.orchestrate.plan import Plan, PlannedKernel
 from korch.report.drawing import kernel_colour, kernels_by_node, render_svg
-from korch.report.markdown import in_place_summary, predicted_against_measured
+from korch.report.markdown import challenge_summary, in_place_summary, predicted_against_measured, proven
 
 
 def _e(value) -> str:
@@ -106,7 +106,7 @@ def _facts(pairs: Sequence[tuple[str, str]]) -> str:
 
 def _header(graph: Graph, plan: Plan) -> str:
     stats = plan.stats
-    optimal = all(s.optimal for s in plan.segments)
+    optimal = proven(plan)
     dropped = sum(s.dropped for s in plan.segments)
     measured = sum(k.measured for k in plan.kernels)
     floor = predicted_against_measured(plan.cost_model, plan.predicted_latency_s, None)  # none for a measured plan
@@ -119,6 +119,8 @@ def _header(graph: Graph, plan: Plan) -> str:
         ("kernel costs", f"{measured} measured, {len(plan.kernels) - measured} bounded"),
         ("proven optimal", ("yes" if optimal else '<span class="bad">no</span>')
          + (f"; {dropped} candidates dropped at inexact segment cuts" if dropped else "")),
+        *((("plan challenge", _e(challenge_summary(stats["plan challenge"]).split(": ", 1)[1])),)
+          if "plan challenge" in stats else ()),
         *(("graph rewrite", _e(line)) for line in stats.get("rewrites", ())),
     ]
     stages = stats.get("stage_seconds", {})

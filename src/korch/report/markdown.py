@@ -117,6 +117,21 @@ def predicted_against_measured(cost_model: str, predicted_s: float, measured_s: 
     return f"against the {runs}: predicted / measured {predicted_s / measured_s:.2f}" if runs else ""
 
 
+def challenge_summary(record: dict) -> str:
+    """Which plan an unproven measured search kept, and why (``plan_challenge.py``): one sentence."""
+    ours, floors = record["measured plan ms"], record["floors' plan ms"]
+    kept = "the floors' plan is kept (its costs are floors)" if record["kept"] == "floors'" else \
+        "the measured plan is kept"
+    return f"plan challenge: the measured search's unproven plan ran its unit in {ours} ms, the floors' plan in " \
+        f"{floors} ms: {kept}"
+
+
+def proven(plan: Plan) -> bool:
+    """Whether ``plan`` is proven optimal for the costs its search measured: a kept floors' plan is not."""
+    challenge = plan.stats.get("plan challenge")
+    return all(s.optimal for s in plan.segments) and not (challenge and challenge["kept"] == "floors'")
+
+
 def render_markdown(plan: Plan, rejected: dict[str, int] | None = None, executable: dict | None = None) -> str:
     stats = plan.stats
     versus = predicted_against_measured(plan.cost_model, plan.predicted_latency_s, unit_seconds(executable))
@@ -129,9 +144,10 @@ def render_markdown(plan: Plan, rejected: dict[str, int] | None = None, executab
         f"- kernels chosen **{len(plan.kernels)}**, predicted latency **{_us(plan.predicted_latency_s)}** "
         f"({sum(k.measured for k in plan.kernels)} measured, {sum(not k.measured for k in plan.kernels)} bounded)"
         + (f"; {versus}" if versus else ""),
-        f"- proven optimal: **{'yes' if all(s.optimal for s in plan.segments) else 'no'}**"
+        f"- proven optimal: **{'yes' if proven(plan) else 'no'}**"
         + ("" if all(s.exact for s in plan.segments) else
            f"; {sum(s.dropped for s in plan.segments)} candidates dropped at inexact segment cuts"),
+        *([f"- {challenge_summary(stats['plan challenge'])}"] if "plan challenge" in stats else []),
         *(["", "## Graph rewrites", "", *(f"- {line}" for line in stats["rewrites"])] if "rewrites" in stats else []),
         "",
         "## Stages",

@@ -281,6 +281,26 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     return built[best].data, choice
 
 
+def challenge_plan(graph: Graph, data: bytes, choice: dict, challenger: Plan, device: str = "cpu") \
+        -> tuple[bytes | None, dict[str, float]]:
+    """The ``challenger`` plan's unit compiled as ``choice`` (a ``choose_unit`` choice) chose for the unit
+    ``data``; the two take turns (``_fastest_seconds``). The challenger's unit where it is the faster (``choice``
+    then saying how it stores values), else None, and each one's fastest call ("plan", "challenger",
+    milliseconds)."""
+    variant, unplanned = chosen_variant(choice), challenger.stats.get("layouts") != "chosen"
+    if variant.planned_layouts and unplanned:  # a plan without layouts: values channels-last between kernels
+        variant = dataclasses.replace(variant, planned_layouts=False, channels_last_boundaries=True)
+    theirs = compile_unit(graph, challenger, device, variant)
+    units = {"plan": CompiledUnit.from_bytes(data), "challenger": CompiledUnit.from_bytes(theirs)}
+    seconds = _fastest_seconds(units, example_inputs(graph, device), device)
+    measured = {name: float(f"{s * 1e3:.4g}") for name, s in seconds.items()}
+    if seconds["challenger"] >= seconds["plan"]:
+        return None, measured
+    if choice.get("boundaries") == PLANNED and unplanned:  # the manifest says what the kept unit does
+        choice["boundaries"] = "channels-last"
+    return theirs, measured
+
+
 # an all-MLAS unit is challenged by oneDNN's (or ATen's) weights with attention in MLAS where that unit is within
 # this factor of it: the ViT block's two read 6.94 and 6.91 ms at build, and the MLAS unit ran 7.1-7.8 ms a call
 # where oneDNN's with attention in MLAS ran 6.6

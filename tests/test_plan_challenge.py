@@ -93,3 +93,21 @@ def test_a_search_writes_the_kept_plan_its_unit_and_the_challenge_in_its_report(
     assert "plan challenge: the measured search's unproven plan" in report
     assert "proven optimal: **no**" in report  # the floors' plan is optimal for its floors only
     assert "plan challenge" in (out / "report.html").read_text()
+
+
+def test_a_challenger_that_fails_to_compile_leaves_the_measured_plan_and_says_so(monkeypatch):
+    from korch.report.markdown import challenge_summary, proven
+
+    model = _inverted_residual(c_mid=48)
+    result = optimize(model, target="cpu", cost="roofline")
+    ours = result.plan
+    result.challenger = optimize(model, target="cpu", cost="roofline", max_kernel_nodes=1).plan
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Inductor says no")
+    monkeypatch.setattr(unit, "challenge_plan", broken)
+    data, kept = plan_challenge.challenged(result, {"weights": ATEN}, b"the measured plan's unit", "cpu")
+    assert data == b"the measured plan's unit" and kept.kernels == ours.kernels
+    record = kept.stats["plan challenge"]
+    assert record["kept"] == "measured" and "Inductor says no" in challenge_summary(record)
+    assert proven(kept) == all(s.optimal for s in ours.segments)

@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from korch import config
+from korch.errors import one_line
 from korch.orchestrate.plan import Plan, SegmentReport
 from korch.orchestrate.segments import solve_segments
 
@@ -53,7 +54,12 @@ def challenged(result, choice: dict, data: bytes, device: str) -> tuple[bytes, P
     plan, challenger = result.plan, result.challenger
     if [k.nodes for k in challenger.kernels] == [k.nodes for k in plan.kernels]:
         return data, plan
-    theirs, measured = unit.challenge_plan(result.graph, data, choice, challenger, device)
+    try:
+        theirs, measured = unit.challenge_plan(result.graph, data, choice, challenger, device)
+    except Exception as exc:  # Inductor's failures are many: the measured plan's unit stands
+        result.plan = dataclasses.replace(plan, stats={**plan.stats, "plan challenge": {
+            "kept": "measured", "failed": one_line(exc, 200)}})
+        return data, result.plan
     record = {"measured plan ms": measured["plan"], "floors' plan ms": measured["challenger"],
               "kept": "floors'" if theirs is not None else "measured"}
     kept = challenger if theirs is not None else plan

@@ -119,6 +119,8 @@ def predicted_against_measured(cost_model: str, predicted_s: float, measured_s: 
 
 def challenge_summary(record: dict) -> str:
     """Which plan an unproven measured search kept, and why (``plan_challenge.py``): one sentence."""
+    if "failed" in record:
+        return f"plan challenge: the floors' plan's unit failed ({record['failed']}): the measured plan is kept"
     ours, floors = record["measured plan ms"], record["floors' plan ms"]
     kept = "the floors' plan is kept (its costs are floors)" if record["kept"] == "floors'" else \
         "the measured plan is kept"

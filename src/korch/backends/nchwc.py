@@ -35,8 +35,6 @@ import torch
 import torch.nn.functional as F
 
 from korch.backends import ort_gemm
-from korch.backends.torch_ops import node_function
-from korch.ir import interpret
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import ELEMENTWISE, WINDOW, Op
 
@@ -311,7 +309,7 @@ def blocked_step(graph: Graph, node: Node, step: Step, blocked: Collection[str],
         return None
     if node.op in ELEMENTWISE:
         return _elementwise_step(graph, node, step, blocked, size)
-    return _layout_step(graph, node, blocked, size) if tuple(step[1]) == tuple(node.inputs) else None
+    return _layout_step(graph, node, step, blocked, size) if tuple(step[1]) == tuple(node.inputs) else None
 
 
 def _elementwise_step(graph: Graph, node: Node, step: Step, blocked: Collection[str], size: int) -> Step | None:
@@ -341,14 +339,15 @@ def _elementwise_step(graph: Graph, node: Node, step: Step, blocked: Collection[
     return (step[0], tuple(inputs), (step[2][0] + BLOCKED,)) if full else None
 
 
-def _layout_step(graph: Graph, node: Node, blocked: Collection[str], size: int) -> Step | None:
-    """A primitive that keeps the blocked layout, on blocked arrays (all it reads of full size stored blocked):
-    one computing each channel from that channel alone over the image's rows and columns, which are the blocked
-    array's axes 2 and 3 as they are NCHW's (2-D pools, reductions over the image, gathers and slices along
-    rows or columns: YOLO's SPP pools and nearest upsampling, squeeze-and-excitation's average), or one joining
-    or cutting channels at block boundaries (a concatenation whose inputs but the last fill whole blocks: the
-    CSP blocks' and the feature pyramid's; a slice starting at one). A slice's or concatenation's channels past
-    the value's own in its last block are real channels of another value: finite, as padded ones must be."""
+def _layout_step(graph: Graph, node: Node, step: Step, blocked: Collection[str], size: int) -> Step | None:
+    """``step``, a primitive that keeps the blocked layout, on blocked arrays (all it reads of full size stored
+    blocked): one computing each channel from that channel alone over the image's rows and columns, which are
+    the blocked array's axes 2 and 3 as they are NCHW's (2-D pools, reductions over the image, gathers and slices
+    along rows or columns: YOLO's SPP pools and nearest upsampling, squeeze-and-excitation's average; a
+    reduction's or a gather's own step computes so on the blocked array as it is), or one joining or cutting
+    channels at block boundaries (a concatenation whose inputs but the last fill whole blocks: the CSP blocks'
+    and the feature pyramid's; a slice starting at one). A slice's or concatenation's channels past the value's
+    own in its last block are real channels of another value: finite, as padded ones must be."""
     a, x, output = node.attrs, node.inputs[0], (node.output + BLOCKED,)
     if node.op is Op.CONCAT:
         axis = a["axis"] % 4
@@ -362,13 +361,12 @@ def _layout_step(graph: Graph, node: Node, blocked: Collection[str], size: int) 
         return _max_over_taps(a["kernel"], a["strides"], a["pads"], a["dilations"],
                               graph.tensor(node.output).shape[2:]), (x + BLOCKED,), output
     if node.op in WINDOW and len(a["kernel"]) == 2:
-        return _over_channel_planes(node_function(graph, node, "cpu")), (x + BLOCKED,), output
+        return _over_channel_planes(step[0]), (x + BLOCKED,), output
     if node.op in _IMAGE_REDUCTIONS and a["keepdims"] and set(a["axes"]) <= {2, 3}:
-        return (lambda v: interpret.run_node(node, [v])), (x + BLOCKED,), output
+        return step[0], (x + BLOCKED,), output
     if node.op is Op.GATHER and a["axis"] % 4 in (2, 3) and node.inputs[1] in graph.constants and \
-            graph.constants[node.inputs[1]].ndim == 1:
-        index = np.asarray(graph.constants[node.inputs[1]], np.int64) % graph.tensor(x).shape[a["axis"] % 4]
-        return _gather(a["axis"] % 4, torch.from_numpy(index)), (x + BLOCKED,), output
+            graph.constants[node.inputs[1]].ndim == 1:  # torch_ops._constant_gather's step
+        return step[0], (x + BLOCKED, node.inputs[1]), output
     if node.op is Op.SLICE:
         key = _blocked_slice(graph.tensor(x).shape, a["starts"], a["steps"], graph.tensor(node.output).shape, size)
         return (None if key is None else ((lambda v: [v[key]]), (x + BLOCKED,), output))
@@ -377,10 +375,6 @@ def _layout_step(graph: Graph, node: Node, blocked: Collection[str], size: int) 
 
 def _concat(axis: int):
     return lambda *xs: [torch.cat(xs, axis)]
-
-
-def _gather(axis: int, index: torch.Tensor):
-    return lambda v: [torch.index_select(v, axis, index)]
 
 
 def _max_over_taps(kernel: Sequence[int], strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int],

@@ -62,17 +62,20 @@ def _constant_gather(graph: Graph, node: Node, device) -> NodeFn | None:
     table = graph.constants.get(node.inputs[1])
     if table is None:
         return None
-    axis, out_shape = node.attrs["axis"], graph.tensors[node.output].shape
+    axis = node.attrs["axis"]
     size = graph.tensors[node.inputs[0]].shape[axis]
     flat = np.asarray(table, dtype=np.int64).reshape(-1)
     flat = np.where(flat < 0, flat + size, flat)
     steps = np.diff(flat)
+
+    def gathered(x):  # the output's shape, from the input's: the axes past ``axis`` may be more (a blocked array's)
+        return (*x.shape[:axis], *table.shape, *x.shape[axis + 1:])
     if flat.size and (flat.size == 1 or (steps[0] > 0 and np.all(steps == steps[0]))):
         step = int(steps[0]) if flat.size > 1 else 1
         key = (slice(None),) * axis + (slice(int(flat[0]), int(flat[-1]) + 1, step),)
-        return lambda x, _: [x[key].reshape(out_shape)]
+        return lambda x, _: [x[key].reshape(gathered(x))]
     index = torch.as_tensor(flat, device=device)
-    return lambda x, _: [torch.index_select(x, axis, index).reshape(out_shape)]
+    return lambda x, _: [torch.index_select(x, axis, index).reshape(gathered(x))]
 
 
 def _pad(graph: Graph, node: Node, device) -> NodeFn:

@@ -1,6 +1,7 @@
 """A plan's compiled-unit variants and ONNX Runtime, each timed in fresh processes taking turns: what a user of
 each variant would see, beside what ``choose_unit`` measured at build (all variants in the building process).
-A variant's name may end in ", blocked convolutions" or ", no blocked convolutions" (``backends/nchwc.py``);
+A variant's name may end in ", blocked convolutions" or ", no blocked convolutions" (``backends/nchwc.py``), and
+before that in ", direct first convolutions" or ", no direct first convolutions" (``backends/direct_conv.py``);
 without, the manifest's choice holds.
 
 The OUTDIR's plan is compiled as each variant named (``unit.VARIANTS``: "packed for oneDNN", "MLAS by ONNX
@@ -34,10 +35,12 @@ def _compile(outdir: str, variant: str, path: str) -> None:
     from korch.runtime import bundle, unit
 
     choice = json.loads((Path(outdir) / "manifest.json").read_text())["unit"]
-    # "NAME, blocked convolutions" / "NAME, no blocked convolutions": the variant with that choice made
-    for made, suffix in (("yes", f", {unit.BLOCKED_CONVOLUTIONS}"), ("no", f", no {unit.BLOCKED_CONVOLUTIONS}")):
-        if variant.endswith(suffix):
-            variant, choice[unit.BLOCKED_CONVOLUTIONS] = variant.removesuffix(suffix), made
+    # "NAME, blocked convolutions" / "NAME, no blocked convolutions" (and so for direct first convolutions, before
+    # it): the variant with that choice made
+    for key in (unit.BLOCKED_CONVOLUTIONS, unit.DIRECT_CONVOLUTIONS):
+        for made, suffix in (("yes", f", {key}"), ("no", f", no {key}")):
+            if variant.endswith(suffix):
+                variant, choice[key] = variant.removesuffix(suffix), made
     choice["weights"] = variant
     data = unit.compile_unit(bundle.read_graph(outdir), bundle.read_plan(outdir), "cpu", unit.chosen_variant(choice))
     Path(path).write_bytes(data)

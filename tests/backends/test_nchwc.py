@@ -304,7 +304,9 @@ def test_the_choice_can_be_fixed_instead_of_measured(setting, monkeypatch):
         data, choice = unit.choose_unit(result.graph, result.plan)
     blocked = [name for name in choice["measured_ms"] if unit.BLOCKED_CONVOLUTIONS in name]
     if setting == "never":
-        assert unit.BLOCKED_CONVOLUTIONS not in choice and not blocked and "libraries" not in choice
+        assert unit.BLOCKED_CONVOLUTIONS not in choice and not blocked
+        # korch's operators only where the stem is computed directly (``backends/direct_conv.py``)
+        assert ("libraries" in choice) == (choice.get(unit.DIRECT_CONVOLUTIONS) == "yes")
     else:
         assert choice[unit.BLOCKED_CONVOLUTIONS] == "yes" and choice["variant"].endswith(unit.BLOCKED_CONVOLUTIONS)
         assert not blocked  # kept untimed

@@ -45,10 +45,10 @@ STORE_DIR = "korch-kernels"  # under Inductor's cache directory
 ENTRIES, BLOBS = "entries", "blobs"  # a kernel's entry; a constant's values, kept once for every entry naming them
 _SOURCES = ("backends", "ir")  # korch's packages whose code decides a kernel's generated code
 _KORCH = Path(__file__).resolve().parent.parent  # the package they are in
-# their files that do: Python, and the C++ of korch's operators, whose namespace a generated call names (an MLAS
-# kernel's ``korch_ort_<digest of ort_gemm_op.cpp>::softmax``: kept under the Python alone, a kernel stored before
-# the C++ changed called operators no library registers)
-_SOURCE_SUFFIXES = (".py", ".cpp")
+# their files that do: Python, and the C++ of korch's operators (sources and headers), whose namespace a
+# generated call names (an MLAS kernel's ``korch_ort_<digest of the C++>::softmax``: kept under the Python alone,
+# a kernel stored before the C++ changed called operators no library registers)
+_SOURCE_SUFFIXES = (".py", ".cpp", ".h")
 _ENV_IGNORED = {"TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_CACHE_DIR"}
 # oneDNN's packing ops that freezing folds into a kernel's constants (mkldnn_fusion's weight-pack pass)
 _PACKS = ("_reorder_convolution_weight", "_reorder_convolution_transpose_weight", "_reorder_linear_weight")

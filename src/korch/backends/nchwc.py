@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from korch.backends import ort_gemm
+from korch.backends.conv_epilogue import Epilogue, per_channel_shape
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import ELEMENTWISE, WINDOW, Op
 
@@ -200,81 +201,12 @@ def conv_function(unit: int, slot: int, spec: Sequence[int], activation: Sequenc
     return run
 
 
-class _Fused:
-    """The primitives after a convolution that its call computes: a per-channel bias, a residual sum (a value of
-    the output's shape computed before the convolution, ``earlier``), then a ReLU or a clip."""
-
-    def __init__(self, graph: Graph, conv: Node, kernel: Collection[str], consumers: Mapping[str, list[Node]],
-                 earlier: Callable[[str], bool]):
-        self.nodes: list[Node] = []
-        self.bias: str | None = None
-        self.residual: str | None = None
-        self.activation: list[float] = []
-        channels = graph.constants[conv.inputs[1]].shape[0]
-        node = self._next(graph, conv, kernel, consumers)
-        other = self._other_input(node, conv.output)
-        value = graph.constants.get(other)
-        if value is not None and value.dtype == np.float32 and value.size == channels and \
-                _per_channel_shape(value.shape, channels):
-            self.nodes.append(node)
-            self.bias = other
-            node = self._next(graph, node, kernel, consumers)
-        other = self._other_input(node, self.nodes[-1].output if self.nodes else conv.output)
-        if other and other not in graph.constants and earlier(other) and \
-                graph.tensor(other).shape == graph.tensor(conv.output).shape and graph.tensor(other).dtype == "float32":
-            self.nodes.append(node)
-            self.residual = other
-            node = self._next(graph, node, kernel, consumers)
-        if node is not None and node.op is Op.RELU:
-            self.nodes.append(node)
-            self.activation = [RELU]
-            return
-        low = self._scalar_operand(graph, node, Op.MAX)
-        after = self._next(graph, node, kernel, consumers) if low is not None else None
-        high = self._scalar_operand(graph, after, Op.MIN)
-        if low is not None and high is not None:
-            self.nodes += [node, after]
-            self.activation = [CLIP, low, high]
-
-    @staticmethod
-    def _other_input(node: Node | None, value: str) -> str | None:
-        """The input of a two-input ADD ``node`` besides ``value``, else None."""
-        if node is None or node.op is not Op.ADD or len(node.inputs) != 2 or node.inputs.count(value) != 1:
-            return None
-        return next(t for t in node.inputs if t != value)
-
-    @staticmethod
-    def _next(graph: Graph, node: Node | None, kernel: Collection[str], consumers) -> Node | None:
-        """The one reader of ``node``'s output, in the same kernel, where nothing else reads it."""
-        if node is None or node.output in graph.outputs:
-            return None
-        readers = consumers.get(node.output, ())
-        return readers[0] if len(readers) == 1 and readers[0].name in kernel else None
-
-    @staticmethod
-    def _scalar_operand(graph: Graph, node: Node | None, op: Op) -> float | None:
-        if node is None or node.op is not op or len(node.inputs) != 2:
-            return None
-        value = next((graph.constants.get(t) for t in node.inputs if t in graph.constants), None)
-        return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
-
-    @property
-    def output(self) -> str | None:
-        return self.nodes[-1].output if self.nodes else None
-
-
-def _per_channel_shape(shape: Sequence[int], channels: int, batch: int = 1) -> bool:
-    """Whether a value of ``shape`` broadcasts over a (batch, channels, H, W) one channel by channel or as one
-    (and, given the ``batch``, image by image: a squeeze-and-excitation scale)."""
-    shape = (1,) * (4 - len(shape)) + tuple(shape)
-    return len(shape) == 4 and shape[0] in (1, batch) and shape[1] in (1, channels) and shape[2:] == (1, 1)
-
-
 def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
-                 add_constant: Callable[[str, np.ndarray], str], size: int | None = None) -> dict[str, Step | None]:
+                 add_constant: Callable[[str, np.ndarray], str], size: int | None = None,
+                 skip: Collection[str] = ()) -> dict[str, Step | None]:
     """The blocked convolutions of ``graph``, whose planned ``kernels`` (primitive names, in order) are given:
-    each eligible CONV's step, and None for the primitives its call computes. ``add_constant`` adds a zero bias
-    where a convolution has none."""
+    each eligible CONV's step (but those of ``skip``, which other steps compute), and None for the primitives its
+    call computes. ``add_constant`` adds a zero bias where a convolution has none."""
     size = size or block()
     consumers = graph.consumers()
     nodes = {node.name: node for node in graph.nodes}
@@ -284,18 +216,23 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]], token: int,
     replaced: dict[str, Step | None] = {}
     for kernel in kernels:
         names = set(kernel)
-        for node in (nodes[name] for name in kernel if eligible(graph, nodes[name])):
+        for node in (nodes[name] for name in kernel if name not in skip and eligible(graph, nodes[name])):
             def earlier(value: str, at: int = order[node.name]) -> bool:
                 return value not in producer or order[producer[value]] < at
-            fused = _Fused(graph, node, names, consumers, earlier)
+            fused = Epilogue(graph, node, names, consumers, earlier)
             bias = fused.bias or add_constant(f"{node.name}/bias",
                                               np.zeros(graph.constants[node.inputs[1]].shape[0], np.float32))
             x = node.inputs[0] if reads_unblocked(graph, node, size) else node.inputs[0] + BLOCKED
             inputs = (x, node.inputs[1], bias) + ((fused.residual + BLOCKED,) if fused.residual else ())
-            function = conv_function(token, next(slots), spec(graph, node, size), fused.activation)
+            function = conv_function(token, next(slots), spec(graph, node, size), _activation(fused.activation))
             replaced[node.name] = (function, inputs, ((fused.output or node.output) + BLOCKED,))
             replaced.update(dict.fromkeys(n.name for n in fused.nodes))
     return replaced
+
+
+def _activation(activation: tuple) -> list[float]:
+    """An ``Epilogue``'s activation as ``korch_ort::nchwc_conv`` takes it."""
+    return {"relu": [RELU], "clip": [CLIP, *activation[1:]]}[activation[0]] if activation else []
 
 
 def blocked_step(graph: Graph, node: Node, step: Step, blocked: Collection[str], size: int) -> Step | None:
@@ -332,7 +269,7 @@ def _elementwise_step(graph: Graph, node: Node, step: Step, blocked: Collection[
             full = True
         elif t.numel == 1:
             inputs.append(name)
-        elif _per_channel_shape(t.shape, out.shape[1], out.shape[0]):
+        elif per_channel_shape(t.shape, out.shape[1], out.shape[0]):
             inputs.append(name + BLOCKED)
         else:
             return None

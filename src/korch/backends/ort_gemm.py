@@ -42,9 +42,10 @@ from korch.ir.interpret import pad_spatial, windows
 from korch.ir.ops import Op
 
 _SOURCE = Path(__file__).with_name("ort_gemm_op.cpp")
-# The operators' namespace names the source that defines them: executables of two korch versions, each
+_HEADERS = (Path(__file__).with_name("direct_conv.h"),)  # what the source includes from this package
+# The operators' namespace names the sources that define them: executables of two korch versions, each
 # carrying its own library, run side by side in one process (torch allows one library per namespace).
-NAMESPACE = "korch_ort_" + hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+NAMESPACE = "korch_ort_" + hashlib.sha256(b"".join(p.read_bytes() for p in (_SOURCE, *_HEADERS))).hexdigest()[:12]
 # the operator library's name in an executable's directory: its namespace (``korch_ort`` before 2026-11-24)
 LIBRARY_FILE = f"{NAMESPACE}.so"
 
@@ -171,8 +172,9 @@ def open_library(path: Path | None = None) -> None:
              "mkl_matmul": lambda x, w, unit, slot: x.new_empty(*x.shape[:-1], w.shape[1])}
     # imported here, since it builds on this module; importing it also defines korch::ort_nchwc_model, the
     # models the blocked convolutions open their sessions on
-    from korch.backends import nchwc
+    from korch.backends import direct_conv, nchwc
     fakes["nchwc_conv"] = nchwc.fake_conv
+    fakes["direct_conv"] = direct_conv.fake_conv
     for name, fake in fakes.items():
         if hasattr(ops(namespace), name):  # an executable of an earlier korch carries fewer operators
             torch.library.register_fake(f"{namespace}::{name}", fake)

@@ -2,7 +2,8 @@
 // korch_ort::batched_matmul (a product of two activations) and korch_ort::softmax, computed by ONNX Runtime's
 // MLAS, called from a compiled unit with no Python in between (backends/ort_gemm.py builds and loads this file);
 // and korch_ort::mkl_matmul, a product by a constant weight in MKL's packed GEMM, which a unit cannot hold
-// otherwise (below, before it).
+// otherwise (below, before it); and korch_ort::direct_conv, a network's first convolution computed directly
+// (direct_conv.h, no ONNX Runtime in it).
 //
 // Each weight gets one-MatMul ONNX Runtime sessions with one intra-op thread each (MLAS packs the weight
 // once, when a session opens), run on torch's own threads (at::parallel_for): ONNX Runtime's thread pools
@@ -21,6 +22,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <dlfcn.h>
 #include <torch/library.h>
+
+#include "direct_conv.h"
 
 #include <climits>
 #include <cstdint>
@@ -538,6 +541,29 @@ at::Tensor nchwc_conv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   return out;
 }
 
+// x: (N, C, H, W); w: (C, KH, KW, C_out); spec: stride, then the pads (top, left, bottom, right); activation
+// (korch_direct::Activation) after the bias. The output: (N, OH, OW, C_out), channels-last.
+at::Tensor direct_conv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, at::IntArrayRef spec,
+                       int64_t activation) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 4 && w.dim() == 4 && spec.size() == 5 &&
+                  w.size(0) == x.size(1) && b.numel() == w.size(3),
+              "korch_ort::direct_conv takes a float32 NCHW array and a (C, KH, KW, C_out) weight, got ", x.sizes(),
+              " and ", w.sizes());
+  const int stride = static_cast<int>(spec[0]);
+  TORCH_CHECK(korch_direct::supported(stride, static_cast<int>(w.size(2)), w.size(3)),
+              "korch_ort::direct_conv: no kernel for stride ", stride, " and weight ", w.sizes());
+  at::Tensor input = x.contiguous(), weight = w.contiguous(), bias = b.contiguous();
+  korch_direct::Shape s{x.size(0), x.size(1), x.size(2), x.size(3), 0, 0, w.size(3), static_cast<int>(w.size(1)),
+                        static_cast<int>(w.size(2)), stride, static_cast<int>(spec[1]), static_cast<int>(spec[2]),
+                        static_cast<int>(activation)};
+  s.oh = (s.h + spec[1] + spec[3] - s.kh) / stride + 1;
+  s.ow = (s.w + spec[2] + spec[4] - s.kw) / stride + 1;
+  at::Tensor out = at::empty({s.n, s.oh, s.ow, s.cout}, x.options());
+  korch_direct::run(input.data_ptr<float>(), weight.data_ptr<float>(), bias.data_ptr<float>(),
+                    out.data_ptr<float>(), s);
+  return out;
+}
+
 }  // namespace
 
 // native.py names the namespace after this source (one library per namespace and process)
@@ -558,6 +584,7 @@ KORCH_LIBRARY(KORCH_NAMESPACE, m) {
   m.def("mkl_matmul(Tensor x, Tensor w, int unit, int slot) -> Tensor");
   m.def("nchwc_conv(Tensor x, Tensor w, Tensor b, Tensor? sum, int[] spec, float[] activation, int unit, int slot) "
         "-> Tensor");
+  m.def("direct_conv(Tensor x, Tensor w, Tensor b, int[] spec, int activation) -> Tensor");
 }
 
 KORCH_LIBRARY_IMPL(KORCH_NAMESPACE, CPU, m) {
@@ -567,4 +594,5 @@ KORCH_LIBRARY_IMPL(KORCH_NAMESPACE, CPU, m) {
   m.impl("softmax", &softmax);
   m.impl("mkl_matmul", &mkl_matmul);
   m.impl("nchwc_conv", &nchwc_conv);
+  m.impl("direct_conv", &direct_conv);
 }

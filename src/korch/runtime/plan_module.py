@@ -1,7 +1,8 @@
 """The plan as one torch module (``PlanModule``), which ``unit.py`` exports and compiles into a unit: every planned
 kernel's steps in plan order, each kernel's operations annotated with its index and layout (``boundaries.py``
 reads them while Inductor compiles), with the steps that replace primitives by ONNX Runtime's kernels (MLAS
-products and softmaxes, ``backends/ort_steps.py``; blocked convolutions, ``backends/nchwc.py``).
+products and softmaxes, ``backends/ort_steps.py``; blocked convolutions, ``backends/nchwc.py``; a first
+convolution computed directly, ``backends/direct_conv.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 import numpy as np
 import torch
 
-from korch.backends import nchwc, ort_gemm, ort_steps
+from korch.backends import direct_conv, nchwc, ort_gemm, ort_steps
 from korch.backends.inductor import LibraryConvBackend
 from korch.backends.mlas import MlasBackend
 from korch.backends.torch_ops import node_function, rewritten_steps
@@ -54,7 +55,7 @@ class PlanModule(torch.nn.Module):
 
     def __init__(self, graph: Graph, plan: Plan, device: str = "cpu", ort_kernels: bool = False,
                  sizes: SizeFunctions | None = None, channels_last: bool = False, pointwise_products: bool = True,
-                 ort_within: str = "all", mkl_products: bool = False, blocked: bool = False):
+                 ort_within: str = "all", mkl_products: bool = False, blocked: bool = False, direct: bool = False):
         super().__init__()
         self._constant_attr = {}
         for i, (name, value) in enumerate(graph.constants.items()):
@@ -66,6 +67,10 @@ class PlanModule(torch.nn.Module):
         self._library_convs = library_conv_kernels(plan)  # their 1x1 convolutions the library's, as measured
         self.token, self._replaced = None, {}
         self._block = nchwc.block() if blocked else 0
+        if direct:
+            self._replaced = direct_conv.replacements(graph, [k.nodes for k in plan.kernels], self._add_constant)
+            if self._replaced:
+                ort_gemm.open_library()
         if blocked:
             self._replace_by_blocked_convolutions(graph)
         if ort_kernels:
@@ -82,7 +87,7 @@ class PlanModule(torch.nn.Module):
         primitives ``within`` if given; with ``mkl_products`` the products by constant weights to MKL's."""
         # a key the unit's calls carry, so that sessions of two units loaded in one process never mix
         self.token = self.token or random.getrandbits(62)
-        if self._replaced:  # blocked convolutions first (``_replace_by_blocked_convolutions``)
+        if self._replaced:  # direct and blocked convolutions first (``__init__``, ``_replace_by_blocked_convolutions``)
             within = frozenset(within if within is not None else (n.name for n in graph.nodes)) - set(self._replaced)
         self._replaced.update(ort_steps.replacements(graph, [k.nodes for k in self._plan.kernels], self.token,
                                                      self._add_constant, within, mkl_products))
@@ -95,8 +100,8 @@ class PlanModule(torch.nn.Module):
         """Run convolutions in ONNX Runtime's blocked layout (``backends/nchwc.py``), with the bias, residual sum
         and ReLU or clip after them in their kernels."""
         self.token = random.getrandbits(62)
-        self._replaced = nchwc.replacements(graph, [k.nodes for k in self._plan.kernels], self.token,
-                                            self._add_constant, self._block)
+        self._replaced.update(nchwc.replacements(graph, [k.nodes for k in self._plan.kernels], self.token,
+                                                 self._add_constant, self._block, skip=self._replaced))
         ort_gemm.open_library()
 
     def _add_constant(self, name: str, value: np.ndarray) -> str:

@@ -53,7 +53,7 @@ from typing import NamedTuple
 
 import torch
 
-from korch.backends import nchwc, ort_gemm, ort_steps
+from korch.backends import direct_conv, nchwc, ort_gemm, ort_steps
 from korch.backends.freezing import frozen_compile
 from korch.backends.inlining import raised_inline_limits
 from korch.backends.torch_ops import is_pointwise_conv, narrow_conv_axis, runs_in_torch
@@ -87,7 +87,8 @@ class Variant:
     depthwise ones over channels-last values their taps' sums, those of few output channels convolve their taps
     folded into channels (``torch_ops._pointwise_conv``, ``_depthwise_conv``, ``_narrow_conv``) but in the kernels the plan measured with the library's (``library_conv_kernels``),
     else the library's everywhere; ``nchwc``, convolutions in ONNX Runtime's blocked layout, their values kept
-    blocked between kernels (``backends/nchwc.py``)."""
+    blocked between kernels (``backends/nchwc.py``); ``direct_convolutions``, convolutions of images of few
+    channels computed directly, with their bias and activation (``backends/direct_conv.py``)."""
 
     prepack: bool
     ort_kernels: bool = False
@@ -97,6 +98,7 @@ class Variant:
     planned_layouts: bool = False  # each kernel's values stored in the plan's layout instead (kernel_boundaries)
     pointwise_products: bool = True  # see torch_ops._pointwise_conv
     nchwc: bool = False
+    direct_convolutions: bool = False
 
 
 # the variants choose_unit compiles and times
@@ -110,6 +112,8 @@ CHOICE_ROUNDS = 3
 ACTIVATIONS = "products of activations"
 # a choice's key: whether the convolutions run in ONNX Runtime's blocked layout ("yes"/"no", backends/nchwc.py)
 BLOCKED_CONVOLUTIONS = "blocked convolutions"
+# a choice's key: whether the convolutions of images of few channels run directly ("yes"/"no", backends/direct_conv.py)
+DIRECT_CONVOLUTIONS = "direct first convolutions"
 # the ONNX Runtime variant's name until its softmaxes and products of activations (2026-11-24)
 _EARLIER_ORT_VARIANT = "GEMMs by ONNX Runtime"
 
@@ -166,9 +170,18 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
         with tempfile.TemporaryDirectory(prefix="korch-unit-") as tmp, \
                 kernel_boundaries(variant.channels_last_boundaries, variant.planned_layouts), \
                 frozen_compile(variant.prepack), fast_vector_exp(), raised_inline_limits(), \
-                torch._inductor.config.patch({"aot_inductor.force_mmap_weights": True}):
+                torch._inductor.config.patch({"aot_inductor.force_mmap_weights": True,
+                                              "force_layout_optimization": _lays_out_for_convolutions(variant)}):
             path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))
             return Path(path).read_bytes()
+
+
+def _lays_out_for_convolutions(variant: Variant) -> bool:
+    """Whether Inductor must lay out the unit's values for convolutions although it may see none: it does so
+    (channels-last values, ``GraphLowering.decide_layout_opt``) only where a oneDNN convolution is left, and a
+    unit whose one such convolution was the direct one stored its other values NCHW (YOLOX-Nano's products then
+    read transposed rows: 10.9 against 9.6 ms a call)."""
+    return variant.direct_convolutions
 
 
 def plan_module(graph: Graph, plan: Plan, device: str, variant: Variant, sizes=None) -> PlanModule:
@@ -177,7 +190,7 @@ def plan_module(graph: Graph, plan: Plan, device: str, variant: Variant, sizes=N
     7x7 ones of NCHW-planned kernels 3.5x their oneDNN time, which the plan had priced."""
     return PlanModule(graph, plan, device, variant.ort_kernels, sizes,
                       variant.channels_last_boundaries and not variant.planned_layouts, variant.pointwise_products,
-                      variant.ort_within, variant.mkl_products, variant.nchwc).eval()
+                      variant.ort_within, variant.mkl_products, variant.nchwc, variant.direct_convolutions).eval()
 
 
 def own_variants(graph: Graph, plan: Plan) -> dict[str, Variant]:
@@ -202,6 +215,8 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     plan that chose each value's layout (``plan.stats["layouts"] == "chosen"``) has every variant store them as
     planned. A graph with 1x1 convolutions then has the fastest compiled with the library's convolutions for all
     of them instead of products (but where the plan measured the library's), and the two take turns. A graph
+    with a convolution of an image of few channels (``direct_conv.eligible``) has the fastest compiled with it
+    computed directly (``Variant.direct_convolutions``), and the two take turns. A graph
     with convolutions ONNX Runtime's blocked layout takes (``nchwc.eligible``) last has the fastest compiled with
     them so, its values blocked between them (``Variant.nchwc``), and the two take turns
     (``config.blocked_convolutions`` "always" keeps it untimed, "never" compiles none).
@@ -262,6 +277,11 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
         label = f"pointwise convolutions {PLANNED if as_planned else 'as products'}"
         if challenge(best, by_library, {"pointwise_products": False}, label):
             best, choice["pointwise convolutions"] = by_library, "library"
+    if any(direct_conv.eligible(graph, node) for node in graph.nodes):
+        choice[DIRECT_CONVOLUTIONS] = "no"
+        direct = f"{best}, {DIRECT_CONVOLUTIONS}"
+        if challenge(best, direct, {"direct_convolutions": True}, f"no {DIRECT_CONVOLUTIONS}"):
+            best, choice[DIRECT_CONVOLUTIONS] = direct, "yes"
     blocking = config.checked_blocked_convolutions(config.blocked_convolutions)
     if blocking != "never" and any(nchwc.eligible(graph, node) for node in graph.nodes):
         choice[BLOCKED_CONVOLUTIONS] = "no"
@@ -276,7 +296,7 @@ def choose_unit(graph: Graph, plan: Plan, device: str = "cpu", size_range: SizeR
     choice["measured_ms"] = {n: float(f"{s * 1e3:.4g}") for n, s in seconds.items()}
     if errors:  # recorded, so that a variant that never compiles is seen (the manifest, report.md)
         choice["failed"] = {n: one_line(e, 200) for n, e in errors.items()}
-    if built[best].variant.ort_kernels or built[best].variant.nchwc:
+    if _calls_korch_ort(built[best].variant):
         choice["libraries"] = [ort_gemm.LIBRARY_FILE]
     return built[best].data, choice
 
@@ -357,7 +377,13 @@ def chosen_variant(choice: dict) -> Variant:
                                channels_last_boundaries=choice.get("boundaries") != "NCHW",
                                planned_layouts=choice.get("boundaries") == PLANNED,
                                pointwise_products=choice.get("pointwise convolutions") != "library",
-                               nchwc=choice.get(BLOCKED_CONVOLUTIONS) == "yes")
+                               nchwc=choice.get(BLOCKED_CONVOLUTIONS) == "yes",
+                               direct_convolutions=choice.get(DIRECT_CONVOLUTIONS) == "yes")
+
+
+def _calls_korch_ort(variant: Variant) -> bool:
+    """Whether a unit of ``variant`` calls korch's operators (``ort_gemm_op.cpp``), so carries their library."""
+    return variant.ort_kernels or variant.nchwc or variant.direct_convolutions
 
 
 def _fastest_seconds(units: dict, inputs, device: str) -> dict[str, float]:
@@ -395,8 +421,7 @@ def check_compatible(recorded: dict, where: str) -> None:
             raise KorchError(f"{where}: its compiled unit was built for {what} {recorded.get(key)}, this machine "
                              f"has {here[key]}: run korch optimize again here")
     calls_ort = recorded.get("weights") == _EARLIER_ORT_VARIANT or (
-        recorded.get("weights") in VARIANTS and (chosen_variant(recorded).ort_kernels or
-                                                 chosen_variant(recorded).nchwc))
+        recorded.get("weights") in VARIANTS and _calls_korch_ort(chosen_variant(recorded)))
     if calls_ort and not recorded.get("libraries"):
         # units of korch before 2026-11-24 called a Python operator (korch::ort_matmul) that is gone
         raise KorchError(f"{where}: its compiled unit calls an ONNX Runtime GEMM operator of an earlier korch: "

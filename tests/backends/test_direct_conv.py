@@ -24,9 +24,10 @@ ACTIVATIONS = {(): lambda y: y, ("relu",): torch.relu, ("silu",): F.silu}
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("activation", list(ACTIVATIONS), ids=lambda a: a[0] if a else "none")
-@pytest.mark.parametrize("c_out", [16, 32])
+@pytest.mark.parametrize("c_out", [16, 32, 64])
 @pytest.mark.parametrize("conv", [(1, 3, (1, 1, 1, 1)), (2, 3, (0, 0, 1, 1)), (2, 6, (2, 2, 2, 2)),
-                                  (2, 6, (3, 1, 2, 4))], ids=lambda c: f"s{c[0]}k{c[1]}p{''.join(map(str, c[2]))}")
+                                  (2, 6, (3, 1, 2, 4)), (2, 7, (3, 3, 3, 3)), (4, 7, (3, 3, 3, 3))],
+                         ids=lambda c: f"s{c[0]}k{c[1]}p{''.join(map(str, c[2]))}")
 def test_a_direct_convolution_computes_torchs(conv, c_out, activation, threads):
     """Every output pixel, the edge tiles and the last columns that fill no tile included (widths of 37 and 50
     pixels), with the bias and the activation inside, for two images of 3 channels and one of 1."""
@@ -61,8 +62,9 @@ def _conv_model(c_in: int, c_out: int, k: int, stride: int = 1, group: int = 1, 
 
 @pytest.mark.parametrize("model, taken", [
     ((3, 16, 6, 2), True), ((3, 32, 3, 2), True), ((4, 16, 3, 1), True), ((1, 32, 3, 1), True),
+    ((3, 64, 7, 2), True), ((3, 32, 7, 4), True),
     ((5, 16, 3, 1), False),  # more input channels than a first convolution's
-    ((3, 64, 7, 2), False),  # ResNet's stem: oneDNN's is faster
+    ((3, 128, 3, 2), False),  # more output channels than the registers hold sums for
     ((3, 24, 3, 2), False),  # output channels not whole vectors
     ((3, 16, 3, 2, 1, 2), False),  # dilated
     ((4, 16, 3, 1, 2), False),  # grouped

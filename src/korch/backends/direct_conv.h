@@ -5,8 +5,8 @@
 // GEMM libraries lay such a convolution out as a product of K = C_in * KH * KW by a few output channels, and
 // on AVX-512 each FMA then needs a broadcast load of its own (oneDNN: 47% of this Xeon's FMA peak on
 // YOLOX-Nano's 6x6 stride-2 stem, 3 -> 16 channels). Here each input element is broadcast once and multiplied
-// by every weight vector it meets within a tile of P output pixels of one row (up to KW / S taps times one or two
-// vectors of 16 output channels), the tile's P * G sums held in registers: 75% of the peak on the same stem.
+// by every weight vector it meets within a tile of P output pixels of one row (up to KW / S taps times G
+// vectors of 16 output channels), the tile's P * G sums held in registers: about 80% of the peak on the same stem.
 // The input is read as it lies (no copy into channels-last), padding by a zero-filled copy of a tile's input
 // row at the image's left and right edges.
 //
@@ -52,11 +52,12 @@ namespace korch_direct::avx2 {
 
 namespace korch_direct {
 
-// Whether `run` computes this shape: the strides and kernel widths it is compiled for, one or two vectors of
-// 16 output channels. (ResNet's 7x7 stride-2 stem, 3 -> 64 channels, ran 2.3x slower than oneDNN's, its 28
-// tap vectors and 16 sums more than the registers; Segformer's 7x7 stride-4 one tied with it.)
+// Whether `run` computes this shape: the strides and kernel widths it is compiled for (3x3 ones, YOLOX's 6x6
+// stride-2 Focus, ResNet's 7x7 stride-2 and Segformer's 7x7 stride-4 stems), 1, 2 or 4 vectors of 16 output
+// channels.
 inline bool supported(int stride, int kw, int64_t cout) {
-  return ((stride == 1 && kw == 3) || (stride == 2 && (kw == 3 || kw == 6))) && (cout == 16 || cout == 32);
+  bool taps = (stride == 1 && kw == 3) || (stride == 2 && (kw == 3 || kw == 6 || kw == 7)) || (stride == 4 && kw == 7);
+  return taps && (cout == 16 || cout == 32 || cout == 64);
 }
 
 // x: (N, C, H, W); w: (C, KH, KW, C_out) (the weight's taps outermost, its output channels innermost); b:
@@ -136,7 +137,7 @@ static void tile(const float* x, const float* w, const float* b, float* out, con
         seg = padded;
       }
       const float* wk = w + (c * s.kh + ky) * KW * cout;
-      Vec taps[KW][G];  // the row's taps, in registers beside the sums
+      Vec taps[KW][G];  // the row's taps: in registers where they fit beside the sums, else read from L1
       for (int kx = 0; kx < KW; ++kx)
         for (int g = 0; g < G; ++g) taps[kx][g] = load(wk + kx * cout + 16 * g);
       // input column j meets output pixel p through tap kx = j - p * S
@@ -178,18 +179,24 @@ template <int S, int KW>
 static void by_width(const float* x, const float* w, const float* b, float* out, const korch_direct::Shape& s) {
   if (s.cout == 16)
     rows<1, S, KW>(x, w, b, out, s);
-  else
+  else if (s.cout == 32)
     rows<2, S, KW>(x, w, b, out, s);
+  else
+    rows<4, S, KW>(x, w, b, out, s);
 }
 
 // a shape korch_direct::supported accepts
 inline void run(const float* x, const float* w, const float* b, float* out, const korch_direct::Shape& s) {
   if (s.stride == 1)
     by_width<1, 3>(x, w, b, out, s);
+  else if (s.stride == 4)
+    by_width<4, 7>(x, w, b, out, s);
   else if (s.kw == 3)
     by_width<2, 3>(x, w, b, out, s);
-  else
+  else if (s.kw == 6)
     by_width<2, 6>(x, w, b, out, s);
+  else
+    by_width<2, 7>(x, w, b, out, s);
 }
 
 #endif

@@ -6,8 +6,10 @@ A convolution of an image of few channels is a product of few output channels, t
 library's kernels reach half a CPU's FMA rate (oneDNN on YOLOX-Nano's 6x6 stride-2 stem of 3 -> 16 channels);
 before it, the unit copied the image into channels-last for oneDNN, and after it a loop applied the SiLU. The
 direct kernel broadcasts each input element once to every tap and output pixel of its tile that it meets. Timed
-alone on this session's Xeon (2 threads, with SiLU, from an NCHW image): YOLOX-Nano's stem 1.08 against 1.96 ms,
-MobileNetV2's 3x3 stride-2 3 -> 32 0.22 against 0.39 ms, YOLOv4's 3x3 3 -> 32 at 416x416 2.8 against 6.6 ms.
+alone on this session's Xeon (2 threads, with SiLU, from an NCHW image, the host 1.5x slower than on a quiet
+day): YOLOX-Nano's stem 1.03 against 2.41 ms in oneDNN with the copy, MobileNetV2's 3x3 stride-2 3 -> 32 0.28
+against 0.61, ResNet's 7x7 stride-2 3 -> 64 1.77 against 2.28, YOLOv4's 3x3 3 -> 32 at 416x416 3.9 against 6.7,
+Segformer's 7x7 stride-4 3 -> 32 at 512x512 0.98 against 2.45.
 ``eligible`` says which convolutions it computes (``korch_direct::supported``); a unit takes it where
 ``choose_unit`` measures it faster (``Variant.direct_convolutions``).
 """
@@ -30,8 +32,8 @@ ACTIVATIONS = {(): 0, ("relu",): 1, ("silu",): 2}
 # at most this many input channels: beyond them a GEMM library's product is wide enough
 MAX_CHANNELS = 4
 # (stride, kernel width) the operator is compiled for, and its output channels (korch_direct::supported)
-_TAPS = {(1, 3), (2, 3), (2, 6)}
-_OUTPUT_CHANNELS = {16, 32}
+_TAPS = {(1, 3), (2, 3), (2, 6), (2, 7), (4, 7)}
+_OUTPUT_CHANNELS = {16, 32, 64}
 
 
 def eligible(graph: Graph, node: Node) -> bool:

@@ -16,6 +16,7 @@ from korch.ir.ort import run_model
 from korch.pipeline import optimize
 from korch.runtime import unit
 
+from tests.backends.test_nchwc import assert_the_choice_is_measured_and_recorded
 from tests.backends.test_ort_gemm import library  # noqa: F401 (the operators opened, autouse)
 
 DIRECT_VARIANT = dataclasses.replace(unit.VARIANTS["packed for oneDNN"], direct_convolutions=True)
@@ -117,14 +118,4 @@ def test_a_unit_computes_the_stem_its_bias_and_silu_in_one_call_and_matches_onnx
 
 
 def test_the_unit_choice_measures_direct_convolutions_and_records_them():
-    model = _stem_model(batch=1)
-    result = optimize(model, target="cpu", cost="roofline")
-    data, choice = unit.choose_unit(result.graph, result.plan)
-    assert choice[unit.DIRECT_CONVOLUTIONS] in ("yes", "no")
-    assert any(unit.DIRECT_CONVOLUTIONS in name for name in choice["measured_ms"])
-    assert unit.chosen_variant(choice).direct_convolutions == (choice[unit.DIRECT_CONVOLUTIONS] == "yes")
-    if choice[unit.DIRECT_CONVOLUTIONS] == "yes":
-        assert choice["libraries"] == [ort_gemm.LIBRARY_FILE]
-    x = np.random.default_rng(2).standard_normal((1, 3, 64, 64)).astype(np.float32)
-    got = unit.CompiledUnit.from_bytes(data)(torch.from_numpy(x))[0]
-    np.testing.assert_allclose(got.numpy(), run_model(model, {"x": x})["y"], rtol=1e-4, atol=1e-4)
+    assert_the_choice_is_measured_and_recorded(_stem_model(batch=1), unit.DIRECT_CONVOLUTIONS, "direct_convolutions")

@@ -277,18 +277,24 @@ def test_a_convolution_computes_its_bias_and_clip_inside_its_call():
     assert fused
 
 
-def test_the_unit_choice_measures_blocked_convolutions_and_records_them():
-    model = _inverted_residual(c_mid=48)
+def assert_the_choice_is_measured_and_recorded(model: onnx.ModelProto, key: str, field: str) -> None:
+    """``choose_unit`` on ``model``'s roofline plan times the unit with and without the ``key`` choice, records
+    it (the manifest's ``key``, the variant's ``field``, korch's operators' library where it is taken), and the
+    unit kept matches ONNX Runtime."""
     result = optimize(model, target="cpu", cost="roofline")
     data, choice = unit.choose_unit(result.graph, result.plan)
-    assert choice[unit.BLOCKED_CONVOLUTIONS] in ("yes", "no")
-    assert any(unit.BLOCKED_CONVOLUTIONS in name for name in choice["measured_ms"])
-    assert unit.chosen_variant(choice).nchwc == (choice[unit.BLOCKED_CONVOLUTIONS] == "yes")
-    if choice[unit.BLOCKED_CONVOLUTIONS] == "yes":
+    assert choice[key] in ("yes", "no")
+    assert any(key in name for name in choice["measured_ms"])
+    assert getattr(unit.chosen_variant(choice), field) == (choice[key] == "yes")
+    if choice[key] == "yes":
         assert choice["libraries"] == [ort_gemm.LIBRARY_FILE]
-    x = np.random.default_rng(2).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    x = np.random.default_rng(2).standard_normal(result.graph.tensor("x").shape).astype(np.float32)
     got = unit.CompiledUnit.from_bytes(data)(torch.from_numpy(x))[0]
     np.testing.assert_allclose(got.numpy(), run_model(model, {"x": x})["y"], rtol=1e-4, atol=1e-4)
+
+
+def test_the_unit_choice_measures_blocked_convolutions_and_records_them():
+    assert_the_choice_is_measured_and_recorded(_inverted_residual(c_mid=48), unit.BLOCKED_CONVOLUTIONS, "nchwc")
 
 
 @pytest.mark.parametrize("setting", ["always", "never"])

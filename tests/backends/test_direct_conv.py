@@ -3,6 +3,10 @@ torch computes it (strides, uneven pads, edges, the bias and activation inside, 
 threads), only the convolutions it is built for taken, and a unit with it matching ONNX Runtime."""
 
 import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import onnx
@@ -49,6 +53,29 @@ def test_a_direct_convolution_computes_torchs(conv, c_out, activation, threads):
             torch.testing.assert_close(got.permute(0, 3, 1, 2), expected, rtol=1e-5, atol=1e-5)
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_avx2_code_computes_torchs_too():
+    """On an AVX-512 CPU the suite runs the AVX-512 code: the AVX2 one, compiled from the same source, is taken in
+    a process of its own (``KORCH_DIRECT_CONV_AVX2``), over every stride, kernel and width it is built for."""
+    script = textwrap.dedent("""
+        import itertools, torch, torch.nn.functional as F
+        from korch.backends import direct_conv, ort_gemm
+        ort_gemm.open_library()
+        worst = 0.0
+        for (stride, k), c_out, act in itertools.product(sorted(direct_conv._TAPS), [16, 32, 64], [0, 2]):
+            x, w, b = torch.randn(2, 3, 29, 43), torch.randn(c_out, 3, k, k) * 0.3, torch.randn(c_out)
+            got = ort_gemm.ops().direct_conv(x, torch.from_numpy(direct_conv.taps_outermost(w.numpy())), b,
+                                             [stride, 1, 2, 2, 1], act).permute(0, 3, 1, 2)
+            y = F.conv2d(F.pad(x.double(), (2, 1, 1, 2)), w.double(), b.double(), stride)
+            expected = (F.silu(y) if act else y).float()
+            worst = max(worst, ((got - expected).abs() / (1 + expected.abs())).max().item())
+        print(worst)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "KORCH_DIRECT_CONV_AVX2": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) < 1e-5
 
 
 def _conv_model(c_in: int, c_out: int, k: int, stride: int = 1, group: int = 1, dilation: int = 1) -> onnx.ModelProto:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
+from korch.backends.activations import Chain
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import Op
 
@@ -24,12 +25,14 @@ class Epilogue:
 
     def __init__(self, graph: Graph, conv: Node, kernel: Collection[str], consumers: Mapping[str, list[Node]],
                  earlier: Callable[[str], bool] = lambda value: False, residual: bool = True,
-                 activations: Collection[str] = ("relu", "clip")):
+                 activations: Collection[str] = ("relu", "clip"), chains: Mapping[str, Chain] | None = None):
+        """``chains``: the graph's activation chains by their source (``activations.activation_chains``), where
+        ``activations`` holds "silu"."""
         self.nodes: list[Node] = []
         self.bias: str | None = None
         self.residual: str | None = None
         self.activation: tuple = ()
-        self._graph, self._kernel, self._consumers = graph, kernel, consumers
+        self._graph, self._kernel, self._consumers, self._chains = graph, kernel, consumers, chains or {}
         channels = graph.constants[conv.inputs[1]].shape[0]
         node = self._next(conv)
         other = self._other_input(node, conv.output)
@@ -62,18 +65,17 @@ class Epilogue:
             self.activation = ("clip", low, high)
 
     def _silu(self, value: str) -> bool:
-        """Whether ``value`` * sigmoid(``value``) follows, both in the kernel, nothing else reading ``value``."""
-        if value in self._graph.outputs:
+        """Whether the kernel computes SiLU of ``value`` next (an activation chain, ``activations.py``), nothing
+        outside the chain reading ``value`` or what the chain computes before its output."""
+        chain = self._chains.get(value)
+        if chain is None or chain.activation != "silu" or not set(chain.nodes) <= set(self._kernel):
             return False
-        readers = self._consumers.get(value, ())
-        sigmoid = next((n for n in readers if n.op is Op.SIGMOID), None)
-        product = next((n for n in readers if n.op is Op.MUL), None)
-        if len(readers) != 2 or sigmoid is None or product is None or sigmoid.output in self._graph.outputs or \
-                sorted(product.inputs) != sorted((value, sigmoid.output)) or \
-                [n.name for n in self._consumers.get(sigmoid.output, ())] != [product.name] or \
-                not {sigmoid.name, product.name} <= set(self._kernel):
+        nodes = [node for node in self._graph.nodes if node.name in chain.nodes]
+        inner = [value, *(node.output for node in nodes if node.output != chain.output)]
+        if any(t in self._graph.outputs or any(n.name not in chain.nodes for n in self._consumers.get(t, ()))
+               for t in inner):
             return False
-        self.nodes += [sigmoid, product]
+        self.nodes += nodes
         self.activation = ("silu",)
         return True
 

@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from korch.backends import ort_gemm
+from korch.backends.activations import activation_chains
 from korch.backends.conv_epilogue import Epilogue
+from korch.backends.ort_steps import Step
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import Op
-
-Step = tuple[Callable, tuple[str, ...], tuple[str, ...]]
 
 # the operator's activation codes (korch_direct::Activation)
 ACTIVATIONS = {(): 0, ("relu",): 1, ("silu",): 2}
@@ -82,10 +82,15 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]],
     consumers = graph.consumers()
     nodes = {node.name: node for node in graph.nodes}
     replaced: dict[str, Step | None] = {}
+    chains = None  # found where a kernel has an eligible convolution: the chains' probes run torch ops
     for kernel in kernels:
         for node in (nodes[name] for name in kernel if eligible(graph, nodes[name])):
+            if chains is None:
+                kernel_of = {name: i for i, k in enumerate(kernels) for name in k}
+                chains = {chain.source: chain for chain in activation_chains(graph, kernel_of)}
             weight = graph.constants[node.inputs[1]]
-            epilogue = Epilogue(graph, node, set(kernel), consumers, residual=False, activations=("relu", "silu"))
+            epilogue = Epilogue(graph, node, set(kernel), consumers, residual=False, activations=("relu", "silu"),
+                                chains=chains)
             bias = add_constant(f"{node.name}/direct bias", np.ascontiguousarray(
                 graph.constants[epilogue.bias].reshape(-1)) if epilogue.bias else np.zeros(weight.shape[0], np.float32))
             taps = add_constant(f"{node.name}/taps", taps_outermost(weight))
@@ -95,9 +100,3 @@ def replacements(graph: Graph, kernels: Sequence[Sequence[str]],
             replaced[node.name] = (function, (node.inputs[0], taps, bias), (epilogue.output or node.output,))
             replaced.update(dict.fromkeys(n.name for n in epilogue.nodes))
     return replaced
-
-
-def any_eligible(graph: Graph) -> bool:
-    return any(eligible(graph, node) for node in graph.nodes)
-
-

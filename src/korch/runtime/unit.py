@@ -171,17 +171,12 @@ def compile_unit(graph: Graph, plan: Plan, device: str = "cpu", variant: Variant
                 kernel_boundaries(variant.channels_last_boundaries, variant.planned_layouts), \
                 frozen_compile(variant.prepack), fast_vector_exp(), raised_inline_limits(), \
                 torch._inductor.config.patch({"aot_inductor.force_mmap_weights": True,
-                                              "force_layout_optimization": _lays_out_for_convolutions(variant)}):
+                                              # Inductor lays values out channels-last only where a oneDNN
+                                              # convolution is left (GraphLowering.decide_layout_opt): YOLOX-Nano's
+                                              # unit with its stem direct stored them NCHW, 10.9 against 9.6 ms
+                                              "force_layout_optimization": variant.direct_convolutions}):
             path = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, UNIT_FILE))
             return Path(path).read_bytes()
-
-
-def _lays_out_for_convolutions(variant: Variant) -> bool:
-    """Whether Inductor must lay out the unit's values for convolutions although it may see none: it does so
-    (channels-last values, ``GraphLowering.decide_layout_opt``) only where a oneDNN convolution is left, and a
-    unit whose one such convolution was the direct one stored its other values NCHW (YOLOX-Nano's products then
-    read transposed rows: 10.9 against 9.6 ms a call)."""
-    return variant.direct_convolutions
 
 
 def plan_module(graph: Graph, plan: Plan, device: str, variant: Variant, sizes=None) -> PlanModule:
